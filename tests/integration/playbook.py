@@ -1,0 +1,34 @@
+"""Run this checkout's playbooks the way an operator does, from the repo root."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Run:
+    rc: int
+    output: str
+
+
+def ansible_playbook(playbook: str, inventory: Path, *args: str, extra_vars: dict | None = None,
+                     timeout: float = 600) -> Run:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+    }
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args]
+    if extra_vars:
+        cmd += ["-e", json.dumps(extra_vars)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return Run(proc.returncode, proc.stdout + proc.stderr)
