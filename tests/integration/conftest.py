@@ -54,7 +54,8 @@ def _profile_path(profile: str | Path) -> Path:
 
 @pytest.fixture
 def sim_nodes(node_image, request):
-    """Factory: sim_nodes({"gpu1": "rtx_pro_6000", "cpu1": None}) -> [Node, Node].
+    """Factory: sim_nodes({"gpu1": "rtx_pro_6000", "cpu1": None}) -> [Node, Node];
+    sim_nodes(spec, volumes=("/host/wheels:/srv/wheelhouse:ro",)) mounts into every node.
 
     A profile is a name in the fake NVML profiles dir or a path to a .conf file; None
     gives a node without any NVIDIA driver. Nodes boot in parallel and are removed when
@@ -62,7 +63,7 @@ def sim_nodes(node_image, request):
     """
     prefixes = []
 
-    def start(spec: dict[str, str | Path | None]) -> list[simnode.Node]:
+    def start(spec: dict[str, str | Path | None], volumes: tuple[str, ...] = ()) -> list[simnode.Node]:
         prefix = f"{PREFIX}{next(_batch)}-"
         prefixes.append(prefix)
         lib = request.getfixturevalue("fake_nvml_lib") if any(p is not None for p in spec.values()) else None
@@ -70,9 +71,9 @@ def sim_nodes(node_image, request):
         def boot(item):
             name, profile = item
             if profile is None:
-                return simnode.start_node(name, image=node_image, prefix=prefix)
+                return simnode.start_node(name, image=node_image, prefix=prefix, volumes=volumes)
             return simnode.start_node(name, nvml_lib=lib, nvml_profile=_profile_path(profile),
-                                      image=node_image, prefix=prefix)
+                                      image=node_image, prefix=prefix, volumes=volumes)
 
         with ThreadPoolExecutor(max_workers=max(1, len(spec))) as pool:
             return list(pool.map(boot, spec.items()))
