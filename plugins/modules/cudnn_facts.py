@@ -49,13 +49,8 @@ notes:
   - The library probe calls C(cudnnGetVersion) only; it needs no GPU.
 seealso:
   - module: vllm_fleet.fleet.gpu_facts
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is nothing to diff.
+extends_documentation_fragment:
+  - vllm_fleet.fleet.read_only
 author:
   - vllm-fleet contributors
 """

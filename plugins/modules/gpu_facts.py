@@ -33,13 +33,9 @@ requirements:
 notes:
   - Opt-in shared memory per block comes from the CUDA driver (C(libcuda.so.1)) when it
     answers for the device, else from a table by compute capability.
+extends_documentation_fragment:
+  - vllm_fleet.fleet.read_only
 attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is nothing to diff.
   facts:
     support: full
     description: Sets C(vllm_fleet_gpu).

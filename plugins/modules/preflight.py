@@ -72,13 +72,8 @@ options:
     default: true
 requirements:
   - packaging (PEP 440 versions) on the target's Python interpreter
-attributes:
-  check_mode:
-    support: full
-    description: Only reads its arguments; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is nothing to diff.
+extends_documentation_fragment:
+  - vllm_fleet.fleet.read_only
 author:
   - vllm-fleet contributors
 """
