@@ -1,0 +1,94 @@
+"""``--extra-vars`` values parsed the way ansible-playbook reads them, checked up front.
+
+ansible-playbook accepts ``key=value`` pairs, inline JSON/YAML, and ``@file``; a bad value
+there fails the run late and far from the typo. Here it is a usage error that names it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ExtraVarsError(ValueError):
+    """A value of --extra-vars that ansible-playbook would not read as variables."""
+
+
+def _mapping(value: Any, source: str) -> dict:
+    if not isinstance(value, dict):
+        kind = "nothing" if value is None else type(value).__name__
+        raise ExtraVarsError(f"--extra-vars {source}: expected a mapping of variables, got {kind}")
+    bad = [k for k in value if not isinstance(k, str) or not _KEY.match(k)]
+    if bad:
+        raise ExtraVarsError(f"--extra-vars {source}: {bad[0]!r} is not a valid variable name")
+    return value
+
+
+def _json_safe(value: dict, source: str) -> dict:
+    """Round-trip through JSON: ansible-runner hands extra vars to Ansible as JSON, and YAML
+    can hold values JSON cannot (dates become ISO strings, as Ansible would template them)."""
+    try:
+        return json.loads(json.dumps(value, default=str))
+    except (TypeError, ValueError) as exc:  # e.g. a float NaN key, a cyclic alias
+        raise ExtraVarsError(f"--extra-vars {source}: cannot be passed on as JSON ({exc})") from None
+
+
+def parse_one(raw: str, cwd: Path | None = None) -> dict:
+    """One -e value: ``@file`` (YAML or JSON), inline JSON/YAML (``{...}``), or ``k=v ...``."""
+    shown = repr(raw if len(raw) <= 80 else raw[:77] + "...")
+    text = raw.strip()
+    if not text:
+        raise ExtraVarsError(f"--extra-vars {shown}: empty value")
+    if text.startswith("@"):
+        path = Path(text[1:]).expanduser()
+        if cwd is not None and not path.is_absolute():
+            path = cwd / path
+        if not path.is_file():
+            raise ExtraVarsError(f"--extra-vars {shown}: no such file {str(path)!r}")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ExtraVarsError(f"--extra-vars {shown}: cannot read {str(path)!r}: {_first_line(exc)}") from None
+        return _json_safe(_mapping(loaded, shown), shown)
+    if text[0] in "{[":
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ExtraVarsError(f"--extra-vars {shown}: not valid JSON/YAML: {_first_line(exc)}") from None
+        return _json_safe(_mapping(loaded, shown), shown)
+    try:
+        tokens = shlex.split(text)
+    except ValueError as exc:  # unbalanced quotes
+        raise ExtraVarsError(f"--extra-vars {shown}: {exc}") from None
+    result = {}
+    for token in tokens:
+        key, sep, value = token.partition("=")
+        if not sep or not _KEY.match(key):
+            raise ExtraVarsError(
+                f"--extra-vars {shown}: {token!r} is not key=value "
+                "(give key=value pairs, inline JSON/YAML like '{\"key\": 1}', or @file)")
+        result[key] = value  # ansible-playbook keeps k=v values as strings too
+    return result
+
+
+def parse_extra_vars(values: list[str] | None, cwd: Path | None = None,
+                     reserved: dict[str, str] | None = None) -> dict:
+    """Merge every -e value in order; a later one replaces a top-level key, as in Ansible.
+    reserved maps variable names the CLI sets itself to the option to use instead."""
+    merged: dict = {}
+    for raw in values or []:
+        merged.update(parse_one(raw, cwd))
+    for name, instead in (reserved or {}).items():
+        if name in merged:
+            raise ExtraVarsError(f"--extra-vars: {name} is set by vllm-fleet itself; use {instead}")
+    return merged
+
+
+def _first_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]
