@@ -1,0 +1,339 @@
+"""The soak gate on a simulated node: the stand-in vLLM 0.25.1 served by a real systemd
+unit (Restart=always) from release venvs installed offline on the node, the soak module
+launched through ansible-playbook with async/poll 0 and followed with soak_status.
+
+Measured here (junit properties and stdout): time from an injected crash or wedge to the
+failed verdict, and the monitor's CPU use during a soak.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.simnode import simnode
+from tests.integration.playbook import ROOT, ansible_playbook
+
+PLAYBOOK = "tests/integration/soak_playbooks/soak.yml"
+UNIT = "vllm@gpu0"
+RELEASES = {"good": "9.24.0.43", "bad": "9.19.0.56"}  # bad: torch's own pin, the crashing cuDNN
+MODEL = "/models/qwen3.6-35b-a3b-nvfp4"
+PREFIX = f"vf-test-{os.getpid()}-soak-"
+# A minimal serving unit for these tests; the real one comes from the vllm_service role.
+# ExecStart runs vllm itself (no shell), so `systemctl kill -s SIGUSR1` reaches only it.
+UNIT_FILE = """[Unit]
+Description=stand-in vLLM %i (soak test unit)
+
+[Service]
+Type=simple
+EnvironmentFile=/etc/vllm-fleet/%i.env
+ExecStart=/opt/vllm-fleet/current/bin/vllm serve ${VLLM_MODEL} --port ${VLLM_PORT} --max-model-len 8192 --kv-cache-dtype fp8
+Restart=always
+RestartSec=1
+"""
+# Scaled down: 4 clients x 512 in / 48 out, one sample a second, a 5 s wedge window.
+SHAPE = {"concurrency": 4, "input_len": 512, "output_len": 48, "run_s": 6, "sample_interval_s": 1,
+         "wedge_window_s": 5, "ready_timeout_s": 30}
+# Each held token weighs 1000 in the KV gauge, so the small load shows a real KV level.
+STANDIN_ENV = {"VLLM_STANDIN_LOAD_SECONDS": "1", "VLLM_STANDIN_KV_TOKEN_SCALE": "1000"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_wheelhouse(out: Path) -> Path:
+    """torch/cuDNN stand-ins, the stand-in vllm wheel, nvidia-ml-py, pyyaml (and uv)."""
+    try:
+        from tests.fixtures.wheels.build import build_node_wheelhouse
+    except ImportError:  # before the shared builder landed: the same set, built here
+        return _wheelhouse_fallback(out)
+    return build_node_wheelhouse(out)
+
+
+def _wheelhouse_fallback(out: Path) -> Path:
+    from tests.fixtures.wheels.build import build_wheel, build_wheelhouse, dist_info_dir
+
+    build_wheelhouse(out)
+    src = ROOT / "tests" / "fixtures" / "vllm_standin" / "src"
+    files = {str(p.relative_to(src)): p.read_bytes() for p in src.rglob("*.py")}
+    files[f"{dist_info_dir('vllm', '0.25.1')}/entry_points.txt"] = "[console_scripts]\nvllm = vllm.cli:main\n"
+    build_wheel("vllm", "0.25.1", files, ["torch==2.11.0", "nvidia-ml-py", "pyyaml"], out)
+    env = {k: v for k, v in os.environ.items() if k not in ("PIP_FIND_LINKS", "PIP_CONSTRAINT")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    subprocess.run([str(Path(sys.executable)), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "none",
+                    "--platform", "manylinux2014_x86_64", "--platform", "any", "--dest", str(out),
+                    "nvidia-ml-py==13.615.71", "pyyaml==6.0.4"], env=env, check=True, timeout=600)
+    return out
+
+
+INSTALL = """set -e
+WH=/srv/wheelhouse
+if ls $WH/uv-*.whl >/dev/null 2>&1; then
+  python3 -c "import glob, zipfile; z = zipfile.ZipFile(sorted(glob.glob('$WH/uv-*.whl'))[0]); \
+name = [n for n in z.namelist() if n.endswith('/scripts/uv')][0]; open('/usr/local/bin/uv', 'wb').write(z.read(name))"
+  chmod 755 /usr/local/bin/uv
+fi
+mkdir -p /opt/vllm-fleet/releases /etc/vllm-fleet
+for spec in {releases}; do
+  rel=${{spec%%=*}}; cudnn=${{spec#*=}}; R=/opt/vllm-fleet/releases/$rel
+  echo "nvidia-cudnn-cu13==$cudnn" > /tmp/override-$rel.txt
+  if command -v uv >/dev/null; then
+    uv --no-config venv -q $R
+    uv --no-config pip install -q --python $R/bin/python --no-index --find-links $WH \
+      --override /tmp/override-$rel.txt vllm==0.25.1
+  else
+    python3 -m venv $R
+    PIP_CONFIG_FILE=/dev/null $R/bin/pip install -q --no-index --find-links $WH vllm==0.25.1
+    PIP_CONFIG_FILE=/dev/null $R/bin/pip install -q --no-index --find-links $WH --no-deps nvidia-cudnn-cu13==$cudnn
+  fi
+  $R/bin/python -c "import torch; print('$rel', torch.backends.cudnn.version())"
+done
+"""
+
+
+class SoakNode:
+    def __init__(self, node: simnode.Node, inventory: Path, port: int):
+        self.node, self.inventory, self.port = node, inventory, port
+        self.base_url = f"http://127.0.0.1:{port}"
+
+    def sh(self, cmd: str, timeout: float = 60) -> str:
+        result = self.node.exec(cmd, timeout=timeout)
+        assert result.returncode == 0, f"{cmd}\n{result.stdout}{result.stderr}"
+        return result.stdout
+
+    def serve(self, release: str, **knobs: str) -> None:
+        """Point `current` at a release and (re)start the unit with these stand-in knobs."""
+        env = {"VLLM_MODEL": MODEL, "VLLM_PORT": str(self.port), **STANDIN_ENV, **knobs}
+        self.node.exec("cat > /etc/vllm-fleet/gpu0.env", input="".join(f"{k}={v}\n" for k, v in env.items()))
+        self.sh(f"ln -sfn /opt/vllm-fleet/releases/{release} /opt/vllm-fleet/current && "
+                f"systemctl daemon-reload && systemctl restart {UNIT}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            code = self.node.exec(f"curl -s -o /dev/null -w '%{{http_code}}' {self.base_url}/health").stdout
+            if code == "200":
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"{UNIT} never answered /health 200:\n{self.journal(40)}")
+
+    def journal(self, lines: int = 60) -> str:
+        return self.node.exec(f"journalctl -u {UNIT} --no-pager -n {lines}").stdout
+
+    def read_json(self, path: str):
+        result = self.node.exec(f"cat {path}")
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def progress(self, state_dir: str) -> list[dict]:
+        text = self.node.exec(f"cat {state_dir}/progress.jsonl").stdout
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def soak(self, release: str, run: str, **params):
+        state_dir = f"/opt/vllm-fleet/releases/{release}/soak/{run}"
+        soak = {"unit": UNIT, "base_url": self.base_url, "venv": f"/opt/vllm-fleet/releases/{release}",
+                "model": MODEL, "state_dir": state_dir, **SHAPE, **params}
+        started = time.time()
+        result = ansible_playbook(PLAYBOOK, self.inventory, extra_vars={"soak": soak, "soak_poll_s": 3}, timeout=300)
+        return result, state_dir, started, time.time()
+
+
+@pytest.fixture(scope="module")
+def soak_node(node_image, fake_nvml_lib, tmp_path_factory):
+    from tests.fixtures.nvml.build import PROFILES_DIR
+
+    wheelhouse = node_wheelhouse(tmp_path_factory.mktemp("node-wheelhouse"))
+    node = simnode.start_node("soak", nvml_lib=fake_nvml_lib, nvml_profile=PROFILES_DIR / "rtx_pro_6000.conf",
+                              image=node_image, prefix=PREFIX)
+    try:
+        subprocess.run(["podman", "cp", str(wheelhouse), f"{node.container}:/srv/wheelhouse"], check=True)
+        releases = " ".join(f"{rel}={cudnn}" for rel, cudnn in RELEASES.items())
+        result = node.exec(INSTALL.format(releases=releases), timeout=600)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "good 92400" in result.stdout and "bad 91900" in result.stdout, result.stdout
+        node.exec("cat > /etc/systemd/system/vllm@.service", input=UNIT_FILE)
+        inventory = simnode.write_inventory([node], tmp_path_factory.mktemp("soak") / "inventory.yml")
+        yield SoakNode(node, inventory, free_port())
+    finally:
+        simnode.remove_nodes(PREFIX)
+
+
+def proc_cpu(node: SoakNode, pid: int) -> tuple[float, float]:
+    """(own CPU seconds, CPU seconds of reaped children) of a node process, from /proc."""
+    fields = node.sh(f"cat /proc/{pid}/stat").rsplit(")", 1)[1].split()
+    tick = int(node.sh("getconf CLK_TCK"))
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+def wait_for_progress(node: SoakNode, state_dir: str, elapsed: float, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [p for p in node.progress(state_dir) if p.get("phase") == "soak"]
+        if lines and lines[-1]["elapsed_s"] >= elapsed:
+            return lines[-1]
+        time.sleep(0.3)
+    raise AssertionError(f"the soak never reached {elapsed} s: {node.progress(state_dir)[-3:]}")
+
+
+def test_a_stable_release_passes_with_progress_and_statistics(soak_node, record_property):
+    soak_node.serve("good")
+    cpu = {}
+    state_dir = "/opt/vllm-fleet/releases/good/soak/pass"
+
+    def measure():  # the monitor's CPU over the middle of the soak, from /proc of the async job
+        first = wait_for_progress(soak_node, state_dir, 3)
+        a, t_a = proc_cpu(soak_node, first["pid"]), time.monotonic()
+        wait_for_progress(soak_node, state_dir, 18)
+        b, t_b = proc_cpu(soak_node, first["pid"]), time.monotonic()
+        cpu.update(self_pct=100 * (b[0] - a[0]) / (t_b - t_a), wall_s=t_b - t_a)
+
+    watcher = threading.Thread(target=measure, daemon=True)
+    watcher.start()
+    run, state_dir, _, _ = soak_node.soak(
+        "good", "pass", duration_s=20, min_duration_s=15, target_mtbf_hours=8,
+        baseline={"total_token_throughput": 1500, "mean_tpot_ms": 25, "kv_cache_peak": 0.40},
+        tolerances={"total_token_throughput": 0.5, "mean_tpot_ms": 0.5, "kv_cache_peak": 0.2})
+    watcher.join(30)
+
+    assert run.rc == 0, run.output[-4000:]
+    verdict = soak_node.read_json(f"{state_dir}/verdict.json")
+    assert verdict["passed"] is True, verdict["reasons"]
+    assert verdict["stopped"] == "completed" and 20 <= verdict["duration_s"] < 22
+    assert verdict["crashes"] == [] and verdict["wedges"] == [] and verdict["failed_requests"] == 0
+    perf = verdict["performance"]
+    assert perf["source"] == "bench" and perf["passed"] and perf["unmeasured"] == []
+    assert set(perf["metrics"]) == {"total_token_throughput", "mean_tpot_ms", "kv_cache_peak"}
+    assert 0.05 < verdict["kv_cache_peak"] < 0.6 and verdict["tokens_per_s"] > 500
+    assert verdict["load"]["runs"] >= 2 and verdict["load"]["aggregate"]["failed"] == 0
+    proof = verdict["proof"]
+    assert proof["crashes"] == 0
+    assert proof["crash_rate_upper_per_min"] == pytest.approx(2.995732 * 60 / verdict["duration_s"], rel=1e-3)
+    assert proof["target_mtbf_hours"] == 8 and proof["long_enough"] is False and proof["required_minutes"] == 1438
+    # progress: printed by the playbook while the soak ran, every sample on the node
+    printed = [line for line in run.output.splitlines() if "soak progress vllm@gpu0" in line]
+    assert len(printed) >= 3, run.output[-3000:]
+    assert "verdict: passed" in run.output
+    lines = [p for p in soak_node.progress(state_dir) if p["phase"] == "soak"]
+    assert len(lines) >= 19 and max(b["t"] - a["t"] for a, b in zip(lines, lines[1:])) < 30
+    assert all({"elapsed_s", "tokens_per_s", "crashes", "wedges", "failed"} <= set(p) for p in lines)
+    # the bench runs kept their summaries, without per-request arrays
+    summary = soak_node.read_json(f"{state_dir}/bench/run-001.json")
+    assert summary["completed"] > 0 and "ttfts" not in summary
+
+    monitor = verdict["monitor"]
+    record_property("soak_monitor_cpu_percent_verdict", monitor["cpu_percent_of_one_core"])
+    record_property("soak_monitor_cpu_percent_proc", round(cpu.get("self_pct", -1), 2))
+    print(f"\nmonitor CPU: {monitor['cpu_self_s']} s self + {monitor['cpu_probes_s']} s probes over "
+          f"{verdict['duration_s']} s = {monitor['cpu_percent_of_one_core']}% of one core (verdict); "
+          f"/proc of the async job: {cpu.get('self_pct', float('nan')):.2f}% over {cpu.get('wall_s', 0):.1f} s")
+    assert cpu, "the CPU of the async job was not measured"
+    assert monitor["cpu_percent_of_one_core"] < 15 and cpu["self_pct"] < 10
+
+
+def test_the_crashing_cudnn_fails_at_the_first_crash_with_the_cuda_line(soak_node, record_property):
+    # Seed 19 draws the crash at batch 340 (of mean 300): ~6 s into the load at 18 ms a step.
+    soak_node.serve("bad", VLLM_STANDIN_MEAN_STEPS_TO_CRASH="300", VLLM_STANDIN_SEED="19")
+    assert "cuDNN 91900 as loaded by torch" in soak_node.journal(40)
+
+    run, state_dir, started, ended = soak_node.soak("bad", "crash", duration_s=60, min_duration_s=30)
+
+    assert run.rc != 0
+    assert "Soak failed" in run.output and "CUDA error" in run.output and "roll the node back" in run.output
+    verdict = soak_node.read_json(f"{state_dir}/verdict.json")
+    assert verdict["passed"] is False and verdict["stopped"] == "crash"
+    [crash] = verdict["crashes"]
+    assert "CUDA error: an illegal memory access" in crash["evidence"] or "misaligned address" in crash["evidence"]
+    assert "torch.AcceleratorError" in crash["evidence"]
+    assert any("EngineDeadError" in line for line in crash["journal"])
+    assert {s["kind"] for s in crash["signals"]} >= {"cuda_error"}
+    assert 2 < crash["elapsed_s"] and verdict["duration_s"] < 30  # fail fast: far short of the 60 s soak
+    assert "CUDA error" in verdict["reasons"][0]
+    assert verdict["proof"]["crashes"] == 1
+    # no load left running on the node
+    assert "bench serve" not in soak_node.sh("ps -eo args")
+
+    crash_t = _epoch(crash["time"])
+    to_verdict = _epoch(verdict["finished_at"]) - crash_t
+    to_playbook = ended - crash_t
+    record_property("crash_to_verdict_s", round(to_verdict, 2))
+    record_property("crash_to_failed_playbook_s", round(to_playbook, 2))
+    print(f"\ncrash at {crash['elapsed_s']} s into the soak; detected {crash['detection_latency_s']} s later; "
+          f"verdict written {to_verdict:.2f} s after the crash; playbook failed {to_playbook:.2f} s after it "
+          f"(whole playbook {ended - started:.1f} s)")
+    assert crash["detection_latency_s"] <= 2.5
+    assert to_verdict < 8
+
+
+def test_a_wedge_injected_mid_soak_fails_as_a_wedge(soak_node, record_property):
+    soak_node.serve("good")
+    state_dir = "/opt/vllm-fleet/releases/good/soak/wedge"
+    injected = {}
+
+    def inject():
+        wait_for_progress(soak_node, state_dir, 3)
+        injected["t"] = time.time()
+        soak_node.sh(f"systemctl kill -s SIGUSR1 {UNIT}")
+
+    injector = threading.Thread(target=inject, daemon=True)
+    injector.start()
+    run, state_dir, started, ended = soak_node.soak("good", "wedge", duration_s=60, min_duration_s=30)
+    injector.join(10)
+
+    assert run.rc != 0 and "wedged" in run.output
+    verdict = soak_node.read_json(f"{state_dir}/verdict.json")
+    assert verdict["stopped"] == "wedge" and verdict["crashes"] == []
+    [wedge] = verdict["wedges"]
+    # requests in flight: running, or queued behind the stopped engine
+    assert wedge["kind"] == "no_progress" and wedge["running"] + wedge["waiting"] > 0
+    assert "while /health answers 200" in wedge["evidence"]
+    assert "wedged" in verdict["reasons"][0]
+    assert verdict["duration_s"] < 30
+
+    to_verdict = _epoch(verdict["finished_at"]) - injected["t"]
+    to_detect = _epoch(wedge["detected_at"]) - injected["t"]
+    record_property("wedge_to_verdict_s", round(to_verdict, 2))
+    record_property("wedge_to_failed_playbook_s", round(ended - injected["t"], 2))
+    print(f"\nwedge injected; detected {to_detect:.2f} s later (window {SHAPE['wedge_window_s']} s, samples every "
+          f"{SHAPE['sample_interval_s']} s); verdict {to_verdict:.2f} s; playbook failed "
+          f"{ended - injected['t']:.2f} s after the injection")
+    assert SHAPE["wedge_window_s"] - 1 <= to_detect <= SHAPE["wedge_window_s"] + 2 * SHAPE["sample_interval_s"] + 1
+
+
+def test_the_soak_outlives_the_controller(soak_node):
+    """async + poll 0: the soak runs on the node; killing ansible-playbook mid-soak
+    (a dropped connection) does not stop it, and the verdict still lands on the node."""
+    soak_node.serve("good")
+    state_dir = "/opt/vllm-fleet/releases/good/soak/detached"
+    soak = {"unit": UNIT, "base_url": soak_node.base_url, "venv": "/opt/vllm-fleet/releases/good", "model": MODEL,
+            "state_dir": state_dir, **SHAPE, "duration_s": 10}
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+           "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections"), "ANSIBLE_NOCOLOR": "1"}
+    controller = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(soak_node.inventory), PLAYBOOK,
+         "-e", json.dumps({"soak": soak, "soak_poll_s": 2})],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for_progress(soak_node, state_dir, 2)
+    finally:
+        os.killpg(controller.pid, 9)
+        controller.wait(10)
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and soak_node.read_json(f"{state_dir}/verdict.json") is None:
+        time.sleep(0.5)
+    verdict = soak_node.read_json(f"{state_dir}/verdict.json")
+    assert verdict is not None, soak_node.progress(state_dir)[-3:]
+    assert verdict["passed"] is True and verdict["duration_s"] >= 10, verdict["reasons"]
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()

@@ -1,0 +1,733 @@
+"""The soak gate's decisions (module_utils/soak.py) as plain Python: parsing, the monitor's
+crash and wedge rules, performance against a baseline, the statistics, the verdict, and
+the soak loop itself driven by a fake clock, node and load."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import soak
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import (
+    JournalLine,
+    Monitor,
+    MonitorConfig,
+    Sample,
+    SoakConfig,
+    SoakConfigError,
+    SoakError,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+STANDIN_METRICS = ROOT / "tests" / "fixtures" / "vllm_standin" / "src" / "vllm" / "metrics.py"
+CUDA_LINE = ("(EngineCore_DP0 pid=412) ERROR 05-12 10:11:12 [core.py:912] torch.AcceleratorError: "
+             "CUDA error: an illegal memory access was encountered")
+DEAD_LINE = ("(APIServer pid=398) ERROR 05-12 10:11:12 [async_llm.py:489] vllm.v1.engine.exceptions.EngineDeadError: "
+             "EngineCore encountered an issue. See stack trace (above) for the root cause.")
+
+
+# ------------------------------------------------------------------ Prometheus
+
+def standin_metrics_text(running=3, waiting=1, kv=0.42, generated=1234, prompt=56789, stop=5, length=7) -> str:
+    """The stand-in server's real /metrics renderer (loaded by path: no `vllm` import here)."""
+    spec = importlib.util.spec_from_file_location("_standin_metrics", STANDIN_METRICS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    metrics = module.Metrics("/models/qwen3.6-35b-a3b-nvfp4")
+    metrics.generation_tokens, metrics.prompt_tokens = generated, prompt
+    metrics.finished.update(stop=stop, length=length)
+    metrics.tpot.observe(0.031)
+    return metrics.render(running=running, waiting=waiting, kv_usage=kv)
+
+
+def test_parses_the_standin_metrics_text():
+    text = standin_metrics_text()
+    series = soak.parse_prometheus(text)
+
+    assert soak.metric_sum(series, "vllm:num_requests_running") == 3
+    assert soak.metric_sum(series, "vllm:num_requests_waiting") == 1
+    assert soak.metric_sum(series, "vllm:kv_cache_usage_perc") == pytest.approx(0.42)
+    assert soak.metric_sum(series, "vllm:generation_tokens_total") == 1234
+    assert soak.metric_sum(series, "vllm:prompt_tokens_total") == 56789
+    assert soak.metric_sum(series, "vllm:request_success_total") == 12
+    assert soak.metric_sum(series, "vllm:request_success_total", finished_reason="length") == 7
+    labels, _ = series["vllm:num_requests_running"][0]
+    assert labels == {"model_name": "/models/qwen3.6-35b-a3b-nvfp4", "engine": "0"}
+    assert soak.metric_sum(series, "vllm:request_time_per_output_token_seconds_count") == 1
+    assert all(name.startswith("vllm:") for name in series)
+
+    sample = Sample.from_observations(4.0, metrics_text=text, health=200,
+                                      systemd={"NRestarts": "0", "MainPID": "412", "ActiveState": "active"})
+    assert (sample.running, sample.waiting, sample.kv_usage) == (3, 1, pytest.approx(0.42))
+    assert (sample.generation_tokens, sample.success_total, sample.main_pid, sample.n_restarts) == (1234, 12, 412, 0)
+
+
+def test_prometheus_edge_cases():
+    text = "\n".join([
+        "# HELP vllm:x help text",
+        "# TYPE vllm:x gauge",
+        'vllm:x{model_name="a \\"quoted\\" name, with} brace",engine="0"} 2.5 1700000000000',
+        'vllm:x{model_name="b",engine="1"} NaN',
+        'vllm:y_bucket{le="+Inf",engine="0"} +Inf',
+        "vllm:bare 7",
+        "process_cpu_seconds_total 99",
+        "vllm:broken{engine=",
+        "vllm:nonumber abc",
+    ])
+    series = soak.parse_prometheus(text)
+    assert set(series) == {"vllm:x", "vllm:y_bucket", "vllm:bare"}
+    assert series["vllm:x"][0][0]["model_name"] == 'a "quoted" name, with} brace'
+    assert soak.metric_sum(series, "vllm:x") == 2.5  # NaN is skipped, not summed
+    assert math.isinf(series["vllm:y_bucket"][0][1])
+    assert soak.metric_sum(series, "vllm:bare") == 7
+    assert soak.metric_sum(series, "vllm:missing") is None
+
+
+def test_systemctl_show_and_journal_json():
+    assert soak.parse_systemctl_show("NRestarts=2\nMainPID=411\nActiveState=active\nSubState=running\n") == {
+        "NRestarts": "2", "MainPID": "411", "ActiveState": "active", "SubState": "running"}
+    entries = [
+        {"__CURSOR": "s=1;i=1", "__REALTIME_TIMESTAMP": "1700000000123456", "MESSAGE": CUDA_LINE},
+        {"__CURSOR": "s=1;i=2", "__REALTIME_TIMESTAMP": "1700000000200000", "MESSAGE": list(b"bytes \xff message")},
+    ]
+    lines, cursor = soak.parse_journal_json("\n".join(json.dumps(e) for e in entries) + "\nnot json\n")
+    assert cursor == "s=1;i=2"
+    assert lines[0] == JournalLine(pytest.approx(1700000000.123456), CUDA_LINE)
+    assert lines[1].text.startswith("bytes ") and lines[1].text.endswith(" message")
+
+
+# ------------------------------------------------------------------ the monitor
+
+def healthy(t, gen=None, running=4, pid=412, restarts=0, kv=None, journal=(), prompt=None, waiting=0, **kw):
+    """A healthy tick; by default the engine progressed (tokens grow with t)."""
+    gen = t * 100 if gen is None else gen
+    return Sample(t, time=1e9 + t, health=200, n_restarts=restarts, main_pid=pid, active_state="active",
+                  running=running, waiting=waiting, generation_tokens=gen,
+                  prompt_tokens=t * 1000 if prompt is None else prompt,
+                  kv_usage=0.3 if kv is None else kv, success_total=0, preemptions=0,
+                  journal=[JournalLine(1e9 + t - 0.5, line) for line in journal], **kw)
+
+
+def feed(monitor, samples):
+    events = []
+    for sample in samples:
+        events += monitor.observe(sample)
+    return events
+
+
+def test_a_steady_engine_raises_nothing():
+    monitor = Monitor(MonitorConfig(wedge_window_s=10))
+    assert feed(monitor, [healthy(t) for t in range(0, 60, 2)]) == []
+    assert not monitor.failed and monitor.kv_peak == pytest.approx(0.3)
+    assert monitor.tokens_per_s() == pytest.approx(1100)
+    assert monitor.progress()["crashes"] == 0
+
+
+@pytest.mark.parametrize("bad, kind, evidence", [
+    ({"restarts": 1}, "restart", "NRestarts 0 -> 1"),
+    ({"pid": 977}, "main_pid", "MainPID changed 412 -> 977"),
+    ({"pid": 0}, "main_pid", "exited"),
+    ({"health": 503}, "health_503", "503"),
+    ({"health": None, "health_error": "refused"}, "health_down", "refused"),
+    ({"active_state": "activating"}, "unit_state", "activating"),
+    ({"journal": [CUDA_LINE]}, "cuda_error", "CUDA error: an illegal memory access"),
+    ({"journal": ["torch.AcceleratorError: CUDA error: misaligned address"]}, "cuda_error", "misaligned address"),
+    ({"journal": [DEAD_LINE]}, "cuda_error", "EngineDeadError"),
+])
+def test_each_crash_signal_is_a_crash(bad, kind, evidence):
+    monitor = Monitor()
+    feed(monitor, [healthy(0), healthy(2)])
+    sample = healthy(4, **{k: v for k, v in bad.items() if k in ("restarts", "pid", "journal")})
+    for key in ("health", "health_error", "active_state"):
+        if key in bad:
+            setattr(sample, key, bad[key])
+    [event] = monitor.observe(sample)
+    assert event["kind"] == kind
+    assert evidence in event["evidence"]
+    assert monitor.failed and monitor.stop_reason == "crash"
+
+
+def test_one_engine_death_over_several_ticks_is_one_crash_with_the_cuda_line_as_evidence():
+    monitor = Monitor()
+    dead = healthy(4)
+    dead.health = 503
+    exited = healthy(6, pid=0)
+    exited.health, exited.health_error, exited.active_state = None, "refused", "activating"
+    back = healthy(12, pid=977, restarts=1, gen=5)
+    events = feed(monitor, [healthy(0), healthy(2), dead, exited])
+    assert len(events) == 1 and events[0]["kind"] == "health_503"
+    monitor.add_journal([JournalLine(1e9 + 3.9, CUDA_LINE), JournalLine(1e9 + 3.9, DEAD_LINE)])
+    feed(monitor, [back, healthy(14, pid=977, restarts=1, gen=300)])
+    [crash] = monitor.crashes
+    assert crash["evidence"] == CUDA_LINE
+    assert {s["kind"] for s in crash["signals"]} == {"health_503", "health_down", "main_pid", "unit_state",
+                                                     "restart", "cuda_error"}
+    assert crash["recovered_elapsed_s"] == 12
+    assert crash["detection_latency_s"] == pytest.approx(0.1)
+    # the restarted process counts from zero again; a second death is a second crash
+    second = healthy(16, pid=977, restarts=1, gen=310)
+    second.health = 503
+    feed(monitor, [second])
+    assert len(monitor.crashes) == 2
+
+
+def test_a_crash_and_restart_between_two_ticks_is_still_seen():
+    monitor = Monitor()
+    feed(monitor, [healthy(0), healthy(2)])
+    [event] = monitor.observe(healthy(4, pid=977, restarts=1, gen=3))
+    assert event["kind"] == "restart" and "MainPID changed 412 -> 977" in json.dumps(event["signals"])
+
+
+def test_wedge_when_requests_run_and_nothing_moves_with_health_200():
+    monitor = Monitor(MonitorConfig(wedge_window_s=10))
+    feed(monitor, [healthy(t) for t in (0, 2, 4)])  # progressing until t=4
+    flat = [healthy(t, gen=400, prompt=4000, kv=0.5) for t in (6, 8, 10, 12)]
+    assert feed(monitor, flat) == []  # 8 s flat: not yet
+    [wedge] = monitor.observe(healthy(16, gen=400, prompt=4000, kv=0.5))
+    assert wedge["kind"] == "no_progress"
+    assert wedge["since_elapsed_s"] == 6 and wedge["flat_for_s"] == 10
+    assert "4 request(s) in flight" in wedge["evidence"] and "flat at 400" in wedge["evidence"]
+    assert monitor.stop_reason == "wedge"
+    assert monitor.observe(healthy(18, gen=400, prompt=4000, kv=0.5)) == []  # reported once
+
+
+def test_no_wedge_when_idle_or_dead_or_prefilling():
+    idle = Monitor(MonitorConfig(wedge_window_s=4))
+    assert feed(idle, [healthy(t, gen=100, prompt=9, running=0) for t in range(0, 30, 2)]) == []
+
+    # a long prefill: no token generated, but the KV cache fills
+    prefill = Monitor(MonitorConfig(wedge_window_s=4))
+    assert feed(prefill, [healthy(t, gen=0, prompt=0, kv=0.01 * t) for t in range(0, 30, 2)]) == []
+
+    # flat tokens while /health says 503 is a crash, not a wedge
+    dead = Monitor(MonitorConfig(wedge_window_s=4))
+    ticks = [healthy(0)] + [healthy(t, gen=0, prompt=0) for t in range(2, 20, 2)]
+    for tick in ticks[1:]:
+        tick.health = 503
+    feed(dead, ticks)
+    assert dead.wedges == [] and len(dead.crashes) == 1
+
+
+def test_waiting_requests_that_never_run_are_a_wedge_too():
+    monitor = Monitor(MonitorConfig(wedge_window_s=4))
+    events = feed(monitor, [healthy(t, gen=10, prompt=10, running=0, waiting=6) for t in range(0, 10, 2)])
+    assert [e["kind"] for e in events] == ["no_progress"]
+
+
+def test_a_server_that_stops_answering_is_a_wedge():
+    monitor = Monitor(MonitorConfig(wedge_window_s=6))
+    feed(monitor, [healthy(0), healthy(2)])
+    silent = [Sample(t, time=1e9 + t, health=None, health_error="timeout", n_restarts=0, main_pid=412,
+                     active_state="active") for t in (4, 6, 8, 10)]
+    events = feed(monitor, silent)
+    assert [e["kind"] for e in events] == ["unresponsive"]
+
+
+def test_failed_requests_over_the_limit():
+    monitor = Monitor(MonitorConfig(max_failed_requests=2))
+    assert monitor.add_bench({"failed": 2, "errors": ["", "500 Internal Server Error: boom", ""]}, 30) == []
+    assert not monitor.failed
+    [event] = monitor.add_bench({"failed": 1, "errors": ["timeout"]}, 60)
+    assert event["failed"] == 3 and event["evidence"].startswith("500")
+    assert monitor.stop_reason == "failed_requests"
+
+
+def test_bad_journal_pattern_is_a_config_error():
+    with pytest.raises(SoakConfigError, match="regular expression"):
+        Monitor(MonitorConfig(journal_patterns=("CUDA error(",)))
+
+
+# ------------------------------------------------------------------ performance
+
+BASELINE = {"total_token_throughput": 14000, "output_throughput": 44, "mean_tpot_ms": 40, "kv_cache_peak": 0.43}
+
+
+@pytest.mark.parametrize("observed, failing", [
+    ({"total_token_throughput": 13400, "output_throughput": 42, "mean_tpot_ms": 43.9, "kv_cache_peak": 0.47}, []),
+    ({"total_token_throughput": 13200, "output_throughput": 44, "mean_tpot_ms": 40, "kv_cache_peak": 0.43},
+     ["total_token_throughput"]),
+    ({"total_token_throughput": 15000, "output_throughput": 44, "mean_tpot_ms": 44.1, "kv_cache_peak": 0.49},
+     ["kv_cache_peak", "mean_tpot_ms"]),
+])
+def test_performance_against_baseline_with_tolerances(observed, failing):
+    judged = soak.judge_performance(observed, BASELINE, {})
+    assert sorted(k for k, m in judged["metrics"].items() if not m["passed"]) == failing
+    assert judged["passed"] == (not failing)
+    assert judged["metrics"]["total_token_throughput"]["limit"] == pytest.approx(13300)
+    assert judged["metrics"]["kv_cache_peak"]["limit"] == pytest.approx(0.48)
+
+
+def test_tolerances_override_and_unmeasured_metrics_are_not_failures():
+    judged = soak.judge_performance({"total_token_throughput": 13200}, BASELINE, {"total_token_throughput": 0.10})
+    assert judged["metrics"]["total_token_throughput"]["passed"] is True
+    assert judged["unmeasured"] == ["kv_cache_peak", "mean_tpot_ms", "output_throughput"]
+    assert judged["passed"] is True
+
+
+@pytest.mark.parametrize("baseline, tolerances, message", [
+    ({"tokens_per_second": 1}, {}, "unknown metric 'tokens_per_second'"),
+    ({"mean_tpot_ms": "fast"}, {}, "must be a number"),
+    ({"kv_cache_peak": 55}, {}, "0-1 fraction"),
+    ({"mean_tpot_ms": 40}, {"output_throughput": 0.1}, "no baseline.output_throughput"),
+])
+def test_baseline_typos_are_refused(baseline, tolerances, message):
+    with pytest.raises(SoakConfigError, match=message):
+        soak.validate_performance_spec(baseline, tolerances)
+
+
+def test_bench_runs_aggregate_by_totals_and_worst_percentiles():
+    runs = [
+        {"duration": 60, "completed": 10, "failed": 0, "total_input_tokens": 810000, "total_output_tokens": 2560,
+         "mean_tpot_ms": 40, "p99_tpot_ms": 50, "median_ttft_ms": 900},
+        {"duration": 30, "completed": 5, "failed": 1, "total_input_tokens": 405000, "total_output_tokens": 1280,
+         "mean_tpot_ms": 46, "p99_tpot_ms": 70, "median_ttft_ms": 800},
+    ]
+    agg = soak.aggregate_bench(runs)
+    assert agg["total_token_throughput"] == pytest.approx((1215000 + 3840) / 90)
+    assert agg["output_throughput"] == pytest.approx(3840 / 90)
+    assert agg["mean_tpot_ms"] == pytest.approx(42)
+    assert agg["p99_tpot_ms"] == 70 and agg["median_ttft_ms"] == 900
+    assert (agg["completed"], agg["failed"], agg["runs"]) == (15, 1, 2)
+    assert soak.aggregate_bench([]) is None
+
+
+def test_load_runs_are_sized_to_the_run_length():
+    assert soak.next_num_prompts(concurrency=32, input_len=81000, output_len=256, run_s=60) == 64
+    # the reference load: ~12.8k tokens/s / 81k = 0.16 req/s -- never fewer than two waves
+    assert soak.next_num_prompts(concurrency=32, input_len=81000, output_len=256, run_s=60,
+                                 baseline={"total_token_throughput": 12800}) == 64
+    assert soak.next_num_prompts(concurrency=4, input_len=200, output_len=50, run_s=60,
+                                 last_result={"request_throughput": 3.2}) == 192
+
+
+def test_bench_command_has_the_reference_shape_and_no_key():
+    cfg = SoakConfig(unit="vllm@gpu0", state_dir="/s", duration_s=60, venv="/opt/vllm-fleet/releases/r1",
+                     model="/models/m", api_key="sekrit")
+    cmd = soak.bench_command(cfg, 64, 7, "/s/bench", "run-001.raw.json")
+    assert cmd[:3] == ["/opt/vllm-fleet/releases/r1/bin/vllm", "bench", "serve"]
+    joined = " ".join(cmd)
+    for flag in ("--random-input-len 81000", "--random-output-len 256", "--max-concurrency 32", "--ignore-eos",
+                 "--num-prompts 64", "--seed 7", "--model /models/m", "--save-result", "--result-dir /s/bench"):
+        assert flag in joined
+    assert "sekrit" not in joined
+
+
+# ------------------------------------------------------------------ statistics
+
+def test_zero_crashes_in_an_hour():
+    rate = soak.crash_rate_upper(0, 60)
+    assert rate == pytest.approx(-math.log(0.05) / 60)
+    assert round(rate, 4) == 0.0499 and rate < 0.04993
+    proved = soak.proof(0, 60, 0.95)
+    assert proved["mtbf_lower_hours"] == pytest.approx(60 / 2.995732 / 60)
+    assert "below 0.04993/min" in proved["statement"] and "95% confidence" in proved["statement"]
+
+
+def test_target_mtbf_of_8_hours_needs_1438_minutes():
+    assert soak.required_minutes(8) == pytest.approx(2.995732 * 480, rel=1e-6)
+    short = soak.proof(0, 60, 0.95, target_mtbf_hours=8)
+    assert (short["long_enough"], short["required_minutes"], short["remaining_minutes"]) == (False, 1438, 1378)
+    assert "needs 1438 min" in short["target_statement"]
+    enough = soak.proof(0, 1440, 0.95, target_mtbf_hours=8)
+    assert enough["long_enough"] is True and enough["remaining_minutes"] == 0
+    crashed = soak.proof(1, 5000, 0.95, target_mtbf_hours=8)
+    assert crashed["long_enough"] is False
+
+
+@pytest.mark.parametrize("k, expected", [(0, 2.995732), (1, 4.743865), (2, 6.295794), (5, 10.51300), (10, 16.96222)])
+def test_poisson_upper_bound_matches_the_chi_square_table(k, expected):
+    # chi2.ppf(0.95, 2k + 2) / 2
+    mu = soak.poisson_upper_mean(k, 0.95)
+    assert mu == pytest.approx(expected, rel=1e-5)
+    assert soak.poisson_cdf(k, mu) == pytest.approx(0.05, rel=1e-6)
+
+
+def test_one_crash_bound():
+    assert soak.crash_rate_upper(1, 60) == pytest.approx(4.743865 / 60, rel=1e-6)
+    assert soak.proof(1, 60)["statement"].startswith("1 crash(es) in 60.0 min")
+    assert soak.crash_rate_upper(0, 0) is None
+    with pytest.raises(SoakConfigError):
+        soak.poisson_upper_mean(0, 1.5)
+
+
+# ------------------------------------------------------------------ verdict
+
+def passing_monitor(minutes=2):
+    monitor = Monitor(MonitorConfig(wedge_window_s=10))
+    feed(monitor, [healthy(t, kv=0.40 + t / 100000) for t in range(0, minutes * 60 + 1, 2)])
+    return monitor
+
+
+def test_a_passing_verdict_says_what_it_proved():
+    monitor = passing_monitor(60)
+    result = soak.verdict(monitor, elapsed_s=3600, duration_s=3600, min_duration_s=1800,
+                          bench_results=[{"duration": 60, "completed": 10, "total_input_tokens": 810000,
+                                          "total_output_tokens": 2560, "output_throughput": 42.7,
+                                          "mean_tpot_ms": 41}],
+                          baseline={"total_token_throughput": 13000, "mean_tpot_ms": 40, "kv_cache_peak": 0.43},
+                          target_mtbf_hours=8, shape={"concurrency": 32})
+    assert result["passed"] is True and result["reasons"] == []
+    assert result["performance"]["passed"] and result["performance"]["source"] == "bench"
+    assert result["tokens_per_s"] == pytest.approx(812560 / 60)
+    assert result["proof"]["crash_rate_upper_per_min"] == pytest.approx(0.0499, abs=1e-4)
+    assert result["proof"]["required_minutes"] == 1438 and result["proof"]["long_enough"] is False
+    assert any("1438 min" in note for note in result["notes"])
+    assert result["summary"].startswith("Soak passed: Zero crashes in 60.0 min")
+    json.dumps(result)  # it is written as JSON
+
+
+def test_a_crash_verdict_fails_with_the_evidence():
+    monitor = Monitor()
+    feed(monitor, [healthy(0), healthy(2), healthy(4, journal=[CUDA_LINE])])
+    monitor.add_bench({"failed": 12, "errors": ["EngineCore encountered an issue"]}, 4)
+    result = soak.verdict(monitor, elapsed_s=4, duration_s=3600, min_duration_s=1800, bench_results=[],
+                          stopped="crash")
+    assert not result["passed"]
+    assert len(result["reasons"]) == 1  # the failed requests are the crash's, not another reason
+    assert CUDA_LINE in result["reasons"][0]
+    assert result["crashes"][0]["evidence"] == CUDA_LINE
+    assert not any(k.startswith("_") for k in result["crashes"][0])
+    assert result["proof"]["crashes"] == 1
+    json.dumps(result)
+
+
+def test_too_short_slow_or_idle_soaks_fail():
+    monitor = passing_monitor(1)
+    short = soak.verdict(monitor, elapsed_s=60, duration_s=60, min_duration_s=600, bench_results=[])
+    assert not short["passed"] and "less than the minimum of 600 s" in short["reasons"][0]
+    slow = soak.verdict(monitor, elapsed_s=60, duration_s=60, min_duration_s=0, bench_results=[],
+                        baseline={"total_token_throughput": 5000})
+    assert not slow["passed"] and slow["performance"]["source"] == "metrics"
+    assert "total_token_throughput 1100 tokens/s is worse than the baseline 5000" in slow["reasons"][0]
+    idle = Monitor()
+    feed(idle, [healthy(t, gen=0, prompt=0, running=0) for t in range(0, 20, 2)])
+    verdict = soak.verdict(idle, elapsed_s=20, duration_s=20, min_duration_s=0, bench_results=[])
+    assert not verdict["passed"] and "no request" in verdict["reasons"][0]
+
+
+def test_config_validation_says_what_to_change():
+    ok = dict(unit="vllm@gpu0", state_dir="/s", duration_s=600, venv="/v")
+    SoakConfig(**ok).validate()
+    for change, message in [({"min_duration_s": 900}, "shorter than min_duration_s"),
+                            ({"sample_interval_s": 30}, "at least every few"),
+                            ({"wedge_window_s": 3}, "two samples"),
+                            ({"base_url": "127.0.0.1:8000"}, "http://"),
+                            ({"confidence": 95}, "0.95 for 95%"),
+                            ({"baseline": {"tpot": 1}}, "unknown metric")]:
+        with pytest.raises(SoakConfigError, match=message):
+            SoakConfig(**{**ok, **change}).validate()
+
+
+# ------------------------------------------------------------------ status files
+
+def test_read_status_tolerates_a_half_written_line(tmp_path):
+    assert soak.read_status(str(tmp_path))["started"] is False
+    (tmp_path / "progress.jsonl").write_text(
+        json.dumps({"t": 100.0, "pid": os.getpid(), "elapsed_s": 8, "tokens_per_s": 1200.5, "crashes": 0,
+                    "wedges": 0, "failed": 0, "phase": "soak"}) + "\n" + '{"t": 102.0, "elap')
+    status = soak.read_status(str(tmp_path), now=110.0)
+    assert status["progress"]["elapsed_s"] == 8 and status["age_s"] == 10.0
+    assert status["running"] is True and status["done"] is False
+    (tmp_path / "verdict.json").write_text(json.dumps({"passed": False}))
+    assert soak.read_status(str(tmp_path))["passed"] is False
+
+
+# ------------------------------------------------------------------ the soak loop, faked
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def clock(self):
+        return self.t
+
+    def wall(self):
+        return 1e9 + self.t
+
+    def sleep(self, seconds):
+        self.t += max(seconds, 0.001)
+
+
+class FakeProbe:
+    """A node whose engine dies at `crash_at` (503 first, the CUDA line one tick later) or
+    wedges at `wedge_at`; it makes progress otherwise."""
+
+    def __init__(self, clock, crash_at=None, wedge_at=None):
+        self.clock, self.crash_at, self.wedge_at = clock, crash_at, wedge_at
+        self.cpu_children_s = 0.0
+        self.journal_calls = 0
+        self.pending: list[JournalLine] = []
+
+    def systemd(self):
+        return {"LoadState": "loaded", "ActiveState": "active", "MainPID": "412", "NRestarts": "0"}
+
+    def http_get(self, path):
+        return 200, "", None
+
+    def start_journal(self, since):
+        pass
+
+    def journal(self):
+        self.journal_calls += 1
+        lines, self.pending = self.pending, []
+        return lines
+
+    def sample(self, elapsed):
+        t = elapsed
+        gen = t * 100
+        if self.wedge_at is not None and t >= self.wedge_at:
+            gen = self.wedge_at * 100
+            return healthy(t, gen=gen, prompt=self.wedge_at * 1000, kv=0.5)
+        sample = healthy(t, gen=gen, kv=0.3)
+        if self.crash_at is not None and t >= self.crash_at:
+            sample.health = 503
+            self.pending.append(JournalLine(1e9 + self.crash_at, CUDA_LINE))
+        return sample
+
+
+class FakeLoad:
+    def __init__(self, run_s=10):
+        self.run_s = run_s
+        self.results, self.errors = [], []
+        self.consecutive_errors = 0
+        self.started, self.stopped = 0, False
+        self._left = None
+
+    def start(self):
+        self.started += 1
+        self._left = self.run_s
+
+    @property
+    def running(self):
+        return self._left is not None
+
+    def poll(self):
+        if self._left is None:
+            return None
+        self._left -= 1
+        if self._left > 0:
+            return None
+        self._left = None
+        result = {"duration": 10.0, "completed": 20, "failed": 0, "total_input_tokens": 20000,
+                  "total_output_tokens": 2000, "mean_tpot_ms": 30.0}
+        self.results.append(result)
+        return result
+
+    def stop(self):
+        self.stopped = True
+        self._left = None
+
+
+def run_fake(tmp_path, probe_kwargs=None, **cfg):
+    clock = FakeClock()
+    probe = FakeProbe(clock, **(probe_kwargs or {}))
+    load = FakeLoad()
+    config = SoakConfig(**{"unit": "vllm@gpu0", "state_dir": str(tmp_path / "soak"), "duration_s": 120,
+                           "min_duration_s": 60, "venv": "/v", "sample_interval_s": 2, "wedge_window_s": 10,
+                           **cfg})
+    result = soak.run_soak(config, probe=probe, load=load, clock=clock.clock, sleep=clock.sleep, wall=clock.wall)
+    progress = [json.loads(line) for line in (tmp_path / "soak" / "progress.jsonl").read_text().splitlines()]
+    return result, progress, load, probe, clock
+
+
+def test_the_soak_runs_its_duration_and_writes_progress_and_verdict(tmp_path):
+    result, progress, load, _, clock = run_fake(tmp_path, target_mtbf_hours=8,
+                                                baseline={"total_token_throughput": 2000})
+    assert result["passed"], result["reasons"]
+    assert result["duration_s"] == pytest.approx(120)
+    assert clock.t == pytest.approx(120, abs=0.1)
+    assert load.stopped and load.started >= 6
+    assert json.loads((tmp_path / "soak" / "verdict.json").read_text()) == result
+    soak_lines = [p for p in progress if p["phase"] == "soak"]
+    assert len(soak_lines) == 61  # one every 2 s, the first at 0 s
+    assert max(b["t"] - a["t"] for a, b in zip(soak_lines, soak_lines[1:])) <= 30
+    assert {"elapsed_s", "tokens_per_s", "crashes", "wedges", "failed"} <= set(soak_lines[-1])
+    assert progress[-1]["phase"] == "done" and progress[-1]["passed"] is True
+    assert result["performance"]["metrics"]["total_token_throughput"]["observed"] == pytest.approx(2200)
+    assert result["proof"]["required_minutes"] == 1438
+
+
+def test_the_soak_stops_at_the_first_crash_and_waits_for_the_cuda_line(tmp_path):
+    result, progress, load, probe, clock = run_fake(tmp_path, {"crash_at": 13.0})
+    assert not result["passed"] and result["stopped"] == "crash"
+    assert result["duration_s"] == pytest.approx(14)  # the first tick after the crash
+    assert clock.t < 20  # not the 120 s soak
+    assert load.stopped
+    [crash] = result["crashes"]
+    assert crash["evidence"] == CUDA_LINE and crash["detection_latency_s"] == pytest.approx(1)
+    assert progress[-1]["phase"] == "done" and progress[-2]["crashes"] == 1
+
+
+def test_the_soak_stops_at_a_wedge(tmp_path):
+    result, _, load, _, clock = run_fake(tmp_path, {"wedge_at": 30.0})
+    assert result["stopped"] == "wedge" and not result["passed"]
+    assert result["wedges"][0]["since_elapsed_s"] == pytest.approx(30)
+    assert 40 <= result["duration_s"] <= 42 and load.stopped
+
+
+def test_a_state_dir_is_used_once_and_a_missing_unit_is_named(tmp_path):
+    run_fake(tmp_path, duration_s=4, min_duration_s=0)
+    with pytest.raises(SoakError, match="already holds"):
+        run_fake(tmp_path, duration_s=4, min_duration_s=0)
+
+    class NoUnit(FakeProbe):
+        def systemd(self):
+            return {"LoadState": "not-found"}
+
+    clock = FakeClock()
+    with pytest.raises(SoakError, match="vllm@gpu9 is not loaded"):
+        soak.run_soak(SoakConfig(unit="vllm@gpu9", state_dir=str(tmp_path / "other"), duration_s=4, venv="/v"),
+                      probe=NoUnit(clock), load=FakeLoad(), clock=clock.clock, sleep=clock.sleep, wall=clock.wall)
+
+
+# ------------------------------------------------------------------ BenchLoad, with a fake `vllm`
+
+FAKE_VLLM = """#!{python}
+import json, os, sys, time
+args = sys.argv[1:]
+value = lambda flag: args[args.index(flag) + 1]
+if os.environ.get("FAKE_BENCH_FAIL"):
+    print("Initial test run failed", file=sys.stderr)
+    sys.exit(1)
+time.sleep(float(os.environ.get("FAKE_BENCH_SLEEP", "0")))
+n = int(value("--num-prompts"))
+result = {{"duration": 2.0, "completed": n, "failed": 0, "total_input_tokens": n * 100,
+          "total_output_tokens": n * 10, "request_throughput": n / 2.0, "mean_tpot_ms": 20.0,
+          "ttfts": [0.1] * n, "errors": [""] * n,
+          "key_seen": os.environ.get("OPENAI_API_KEY"), "argv_has_key": "sekrit" in " ".join(args)}}
+with open(os.path.join(value("--result-dir"), value("--result-filename")), "w") as out:
+    json.dump(result, out)
+"""
+
+
+@pytest.fixture
+def fake_venv(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    script = venv / "bin" / "vllm"
+    script.write_text(FAKE_VLLM.format(python=sys.executable))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return venv
+
+
+def wait_poll(load, timeout=10):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = load.poll()
+        if result is not None or not load.running:
+            return result
+        time.sleep(0.05)
+    raise AssertionError("the fake bench did not finish")
+
+
+def test_bench_load_runs_saves_summaries_and_keeps_the_key_out_of_argv(tmp_path, fake_venv):
+    cfg = SoakConfig(unit="u", state_dir=str(tmp_path / "s"), duration_s=10, venv=str(fake_venv), concurrency=4,
+                     input_len=100, output_len=10, run_s=10, api_key="sekrit")
+    load = soak.BenchLoad(cfg, cfg.state_dir)
+    load.start()
+    first = wait_poll(load)
+    assert first["completed"] == 8  # two waves of 4
+    load.start()
+    second = wait_poll(load)
+    assert second["completed"] == 40  # sized from the first run: 4 req/s x 10 s
+    saved = json.loads((tmp_path / "s" / "bench" / "run-001.json").read_text())
+    assert "ttfts" not in saved and saved["completed"] == 8
+    assert not (tmp_path / "s" / "bench" / "run-001.raw.json").exists()
+    assert [r["completed"] for r in load.results] == [8, 40]
+
+
+def test_bench_load_failures_and_stop(tmp_path, fake_venv, monkeypatch):
+    cfg = SoakConfig(unit="u", state_dir=str(tmp_path / "s"), duration_s=10, venv=str(fake_venv))
+    monkeypatch.setenv("FAKE_BENCH_FAIL", "1")
+    load = soak.BenchLoad(cfg, cfg.state_dir)
+    load.start()
+    assert wait_poll(load) is None
+    assert load.consecutive_errors == 1 and "Initial test run failed" in load.errors[0]
+    monkeypatch.delenv("FAKE_BENCH_FAIL")
+    monkeypatch.setenv("FAKE_BENCH_SLEEP", "30")
+    load.start()
+    assert load.running
+    load.stop()
+    assert not load.running
+    missing = soak.BenchLoad(SoakConfig(unit="u", state_dir=str(tmp_path / "m"), duration_s=1,
+                                        venv=str(tmp_path / "nope")), str(tmp_path / "m"))
+    missing.start()
+    assert "cannot start" in missing.errors[0] and not missing.running
+
+
+# ------------------------------------------------------------------ the thin modules, through Ansible
+
+PLAYBOOK = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Plan in check mode
+      vllm_fleet.fleet.soak:
+        unit: vllm@gpu0
+        venv: /opt/vllm-fleet/releases/r1
+        model: /models/m
+        duration_s: 3000
+        min_duration_s: 1800
+        api_key: sekrit
+        state_dir: "{{ state_dir }}/plan"
+      check_mode: true
+      register: plan
+
+    - name: A soak that could never pass
+      vllm_fleet.fleet.soak:
+        unit: vllm@gpu0
+        venv: /opt/vllm-fleet/releases/r1
+        duration_s: 60
+        min_duration_s: 600
+        state_dir: "{{ state_dir }}/bad"
+      register: bad
+      ignore_errors: true
+
+    - name: Status of a finished soak
+      vllm_fleet.fleet.soak_status:
+        state_dir: "{{ state_dir }}/done"
+        wait_s: 5
+      register: status
+
+    - name: Save
+      ansible.builtin.copy:
+        content: "{{ {'plan': plan, 'bad': bad, 'status': status} | to_json }}"
+        dest: "{{ state_dir }}/results.json"
+        mode: "0600"
+"""
+
+
+def test_modules_through_ansible(tmp_path):
+    import time
+
+    (tmp_path / "playbook.yml").write_text(PLAYBOOK)
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "progress.jsonl").write_text(json.dumps({"t": 1.0, "pid": 999999999, "elapsed_s": 7}) + "\n")
+    (tmp_path / "done" / "verdict.json").write_text(json.dumps({"passed": True, "summary": "ok"}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_REMOTE_TEMP=str(tmp_path / "tmp"))
+    started = time.monotonic()
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", f"state_dir={tmp_path}", "-e", f"ansible_python_interpreter={sys.executable}",
+                           str(tmp_path / "playbook.yml")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    plan = results["plan"]["soak"]["plan"]
+    assert plan["load_command"][:3] == ["/opt/vllm-fleet/releases/r1/bin/vllm", "bench", "serve"]
+    assert "sekrit" not in json.dumps(results["plan"]) and "sekrit" not in proc.stdout
+    assert not (tmp_path / "plan").exists()  # check mode wrote nothing
+    assert results["bad"]["failed"] and "shorter than min_duration_s" in results["bad"]["msg"]
+    status = results["status"]
+    assert status["done"] is True and status["passed"] is True and status["progress"]["elapsed_s"] == 7
+    assert time.monotonic() - started < 60  # the finished soak did not make soak_status wait
