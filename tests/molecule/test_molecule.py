@@ -1,0 +1,91 @@
+"""Every Molecule scenario under molecule/, end to end: `molecule test -s <scenario>`.
+
+The fixtures a scenario's node needs are built once per session and handed to
+.config/molecule/config.yml through two variables: VLLM_FLEET_NODE_IMAGE (the simulated
+node image) and VLLM_FLEET_FIXTURES (the fake NVML library, a GPU profile and the
+wheelhouse). A new directory molecule/<name>/ with a molecule.yml is picked up by itself.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
+# Rootful podman, like tests/integration.
+pytestmark = pytest.mark.integration
+TIMEOUT = 900
+GPU_PROFILE = "rtx_pro_6000"
+
+
+@pytest.fixture(scope="session")
+def molecule_env(tmp_path_factory) -> dict:
+    if shutil.which("podman") is None:
+        pytest.fail("podman is not installed: run scripts/setup-host.sh as root", pytrace=False)
+    if os.geteuid() != 0:
+        pytest.fail("molecule scenarios need rootful podman: run them as root", pytrace=False)
+    from tests.fixtures.nvml.build import PROFILES_DIR, build_fake_nvml
+    from tests.fixtures.simnode import simnode
+    from tests.fixtures.wheels.build import build_node_wheelhouse
+
+    _remove_stale_instances()
+    fixtures = tmp_path_factory.mktemp("molecule-fixtures")
+    build_fake_nvml(fixtures)
+    shutil.copyfile(PROFILES_DIR / f"{GPU_PROFILE}.conf", fixtures / "fake-nvml.conf")
+    build_node_wheelhouse(fixtures / "wheelhouse")
+    return {
+        **os.environ,
+        "VLLM_FLEET_NODE_IMAGE": simnode.ensure_image(),
+        "VLLM_FLEET_FIXTURES": str(fixtures),
+        # Instance names carry it (.config/molecule/config.yml): concurrent sessions on one
+        # host do not share containers.
+        "VLLM_FLEET_MOLECULE_RUN": str(os.getpid()),
+        # ansible-lint and Molecule ignore collections_path in ansible.cfg.
+        "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections"),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "NO_COLOR": "1",
+        "PY_COLORS": "0",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+    }
+
+
+def _remove_stale_instances() -> None:
+    """Remove the instances of runs whose process is gone (killed before their destroy)."""
+    listing = subprocess.run(["podman", "ps", "-a", "--filter", "label=owner=molecule", "--format", "{{.Names}}"],
+                             capture_output=True, text=True, timeout=60)
+    for name in listing.stdout.split():
+        match = re.match(r"^vf-mol-(\d+)-", name)
+        if match and not Path(f"/proc/{match.group(1)}").exists():
+            subprocess.run(["podman", "rm", "-f", "-t", "5", name], capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario(scenario, molecule_env, record_property, tmp_path):
+    # Its own state directory: a concurrent session's run of the same scenario is not ours.
+    molecule_env = {**molecule_env, "MOLECULE_EPHEMERAL_DIRECTORY": str(tmp_path / "molecule")}
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([str(BIN / "molecule"), "test", "-s", scenario], cwd=ROOT, env=molecule_env,
+                              capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        subprocess.run([str(BIN / "molecule"), "destroy", "-s", scenario], cwd=ROOT, env=molecule_env,
+                       capture_output=True, timeout=120)
+        pytest.fail(f"molecule test -s {scenario} ran past {TIMEOUT} s; its output ended:\n{output[-8000:]}",
+                    pytrace=False)
+    seconds = time.monotonic() - started
+    record_property("seconds", round(seconds, 1))
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        pytest.fail(f"molecule test -s {scenario} exited {proc.returncode} after {seconds:.0f} s; "
+                    f"the end of its output:\n{output[-8000:]}", pytrace=False)
+    print(f"molecule test -s {scenario}: {seconds:.1f} s")
