@@ -1,0 +1,448 @@
+"""GPU core-dump triage: read what cuda-gdb prints for a CUDA core dump, name the exception,
+the kernel and the faulting instruction, and match the kernel against the known-issues
+catalogue (``kernel_patterns``).
+
+Plain Python on purpose (no ``ansible`` import): the coredump_triage module is a thin
+wrapper, and everything here is unit-tested on recorded cuda-gdb outputs
+(tests/fixtures/coredumps/).
+
+What cuda-gdb prints (CUDA-GDB manual, "GPU core dump support" and "Disassembly"; the
+vLLM blog "CUDA Core Dump: An Effective Tool to Debug Memory Access Issues"):
+
+    $ cuda-gdb -nx -batch -ex "target cudacore FILE" -ex bt -ex 'x/i $errorpc' -ex 'x/i $pc'
+    Opening GPU coredump: FILE
+
+    CUDA Exception: Warp Illegal Address
+    The exception was triggered at PC 0x7f31abb9f6d0  illegalMemoryAccessKernel(int*, int)
+    [Current focus set to CUDA kernel 0, grid 1, block (0,0,0), thread (0,0,0), device 0, sm 124, warp 0, lane 0]
+    #0  0x00007f31abb9f6e0 in illegalMemoryAccessKernel(int*, int)<<<(1,1,1),(256,1,1)>>> ()
+    #0  0x00007f31abb9f6e0 in illegalMemoryAccessKernel(int*, int)<<<(1,1,1),(256,1,1)>>> ()
+    *> 0x7f31abb9f6d0 <_Z25illegalMemoryAccessKernelPii+208>:	STG.E [R2.64], R5
+    => 0x7f31abb9f6e0 <_Z25illegalMemoryAccessKernelPii+224>:	EXIT
+
+Warp errors are reported after the warp moved on, so the frame's PC is not the faulting
+one: ``$errorpc`` is (the manual: "The reported $errorpc shall contain the precise address
+of the instruction that caused the exception"), and the disassembly marks it ``*>``
+(``=>`` is the current PC, ``*=>`` both). A live session prints ``Thread 1 "python3"
+received signal CUDA_EXCEPTION_14, Warp Illegal Address.`` and ``[Switching focus to ...]``
+instead; both shapes are read.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shutil
+from typing import Any
+
+# cuda-gdb's exception names and their codes (CUDA-GDB manual, "GPU Error Reporting";
+# the older manuals' names for the codes the newer ones mark deprecated). Keys are
+# normalised: lower case, dashes as spaces ("Warp Out-of-range Address" in older
+# releases, "Warp Out of range Address" in the current table).
+EXCEPTION_CODES = {
+    "device unknown exception": 0,
+    "lane illegal address": 1,
+    "lane user stack overflow": 2,
+    "device hardware stack overflow": 3,
+    "warp illegal instruction": 4,
+    "warp out of range address": 5,
+    "warp misaligned address": 6,
+    "warp invalid address space": 7,
+    "warp invalid pc": 8,
+    "warp hardware stack overflow": 9,
+    "device illegal address": 10,
+    "lane misaligned address": 11,
+    "warp assert": 12,
+    "lane syscall error": 13,
+    "warp illegal address": 14,
+    "invalid managed memory access": 15,
+}
+
+# A GPU core dump is an ELF file with OS/ABI ELFOSABI_CUDA and machine EM_CUDA
+# (cudacoredump.h in the CUDA toolkit's extras/Debugger/include).
+ELF_MAGIC = b"\x7fELF"
+ELFOSABI_CUDA = 0x33
+EM_CUDA = 0xBE
+GZIP_MAGIC = b"\x1f\x8b"
+# What the module asks cuda-gdb after loading the dump; see cuda_gdb_command.
+CUDA_GDB_COMMANDS = ("bt", "x/i $errorpc", "x/i $pc")
+DEFAULT_CUDA_GDB_DIRS = ("/usr/local/cuda/bin",)
+CATALOGUE_FILE = "catalogue/known_issues.yml"
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # gdb's styling, in an output saved from a terminal
+_OPENING = re.compile(r"^Opening GPU coredump:\s*(?P<file>.+?)\s*$", re.M)
+_EXCEPTION = re.compile(r"^CUDA Exception:\s*(?P<name>\S.*?)\s*$", re.M)
+_SIGNAL = re.compile(r"received signal (?P<code>CUDA_EXCEPTION_(?P<num>\d+)),\s*(?P<name>[^.\n]+?)\.?\s*$", re.M)
+_TRIGGER = re.compile(r"^The exception was triggered at PC\s+(?P<pc>0x[0-9a-fA-F]+)(?:[ \t]+(?P<rest>\S.*?))?[ \t]*$",
+                      re.M)
+_FOCUS = re.compile(
+    r"\[(?:Current focus set to|Switching focus to)\s+CUDA\s+kernel\s+(?P<kernel>\d+),\s*grid\s+(?P<grid>-?\d+),"
+    r"\s*block\s+(?P<block>\([\d,\s]+\)),\s*thread\s+(?P<thread>\([\d,\s]+\)),\s*device\s+(?P<device>\d+),"
+    r"\s*sm\s+(?P<sm>\d+),\s*warp\s+(?P<warp>\d+),\s*lane\s+(?P<lane>\d+)\]")
+_FRAME = re.compile(r"^#(?P<level>\d+)\s+(?:(?P<pc>0x[0-9a-fA-F]+)\s+in\s+)?(?P<rest>.*)$")
+_LAUNCH = re.compile(r"^(?P<name>.*?)<<<(?P<grid>\([^)]*\)),\s*(?P<block>\([^)]*\))>>>\s*(?P<tail>.*)$")
+_LOCATION = re.compile(r"\s+at\s+(?P<file>\S+):(?P<line>\d+)\s*$")
+# x/i and disas lines; the symbol may hold templates (<...>), so the offset is the last "+N>:".
+_INSN = re.compile(r"^\s*(?P<mark>\*=>|\*>|=>)?\s*(?P<address>0x[0-9a-fA-F]+)\s+<(?P<symbol>.*)\+(?P<offset>\d+)>:"
+                   r"\s*(?P<text>.*?)\s*$")
+
+
+class CoreDumpParseError(ValueError):
+    """The input is not (complete) cuda-gdb output for a GPU core dump; the message says
+    what was missing and what was expected."""
+
+
+class CoreDumpFormatError(ValueError):
+    """A file is neither a GPU core dump nor a saved cuda-gdb output."""
+
+
+def normalise_exception(name: str) -> str:
+    return " ".join(name.replace("-", " ").lower().split())
+
+
+def exception_code(name: str) -> str | None:
+    """'Warp Out-of-range Address' -> 'CUDA_EXCEPTION_5'; None for a name not in the table."""
+    number = EXCEPTION_CODES.get(normalise_exception(name))
+    return None if number is None else f"CUDA_EXCEPTION_{number}"
+
+
+# --- reading the input -----------------------------------------------------------------
+
+def _as_text(data: str | bytes) -> str:
+    """Text of a saved output; bytes that are not text raise CoreDumpParseError."""
+    if isinstance(data, str):
+        text = data
+    else:
+        if data.startswith(GZIP_MAGIC):
+            raise CoreDumpParseError("garbled input: gzip-compressed data, not cuda-gdb output; "
+                                     "decompress it first (gunzip)")
+        text = data.decode("utf-8", errors="replace")
+    text = _ANSI.sub("", text)
+    sample = text[:65536]
+    bad = sum(1 for ch in sample if ch == "\ufffd" or (ord(ch) < 32 and ch not in "\t\n\r\f\v"))
+    if sample and bad > max(2, len(sample) // 100):
+        raise CoreDumpParseError(
+            f"garbled input: {bad} of the first {len(sample)} characters are not printable text, so this is "
+            "not cuda-gdb output; expected the text cuda-gdb prints after 'target cudacore FILE' (a GPU core "
+            "dump itself needs format cudacore and cuda-gdb)")
+    return text.replace("\r\n", "\n")
+
+
+def _excerpt(text: str, lines: int = 4, width: int = 160) -> str:
+    shown = [line.strip()[:width] for line in text.splitlines() if line.strip()][:lines]
+    return " | ".join(shown) if shown else "(nothing)"
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Lines with gdb's wrapped frame continuations ('    at file.cu:12', wrapped
+    arguments) joined onto their frame line."""
+    out: list[str] = []
+    in_frame = False
+    for line in text.split("\n"):
+        if in_frame and line[:1] in (" ", "\t") and line.strip() and not _INSN.match(line):
+            out[-1] = out[-1].rstrip() + " " + line.strip()
+            continue
+        out.append(line)
+        in_frame = bool(_FRAME.match(line))
+    return out
+
+
+def _parse_frame(match: re.Match) -> dict:
+    rest = match.group("rest").strip()
+    frame: dict[str, Any] = {"level": int(match.group("level")), "pc": match.group("pc"), "function": None,
+                             "launch": None, "args": None, "file": None, "line": None, "text": match.group(0).strip()}
+    location = _LOCATION.search(rest)
+    if location:
+        frame["file"], frame["line"] = location.group("file"), int(location.group("line"))
+        rest = rest[:location.start()].rstrip()
+    launch = _LAUNCH.match(rest)
+    if launch:
+        frame["function"] = launch.group("name").strip()
+        frame["launch"] = {"grid": launch.group("grid"), "block": launch.group("block")}
+        frame["args"] = launch.group("tail").strip() or None
+    else:
+        name, sep, args = rest.partition(" (")
+        frame["function"] = name.strip() or None
+        frame["args"] = ("(" + args).strip() if sep else None
+    return frame
+
+
+def _frames(lines: list[str]) -> list[dict]:
+    """The backtrace. cuda-gdb prints frame #0 when it loads the dump and bt prints the
+    whole stack again: of the runs of frames (each starting at #0), the last one that
+    reaches a kernel launch frame, else the last one."""
+    runs: list[list[dict]] = []
+    for line in lines:
+        match = _FRAME.match(line)
+        if not match:
+            continue
+        frame = _parse_frame(match)
+        if frame["level"] == 0 or not runs:
+            runs.append([])
+        runs[-1].append(frame)
+    with_kernel = [run for run in runs if any(f["launch"] for f in run)]
+    return (with_kernel or runs or [[]])[-1]
+
+
+def _instructions(lines: list[str]) -> list[dict]:
+    out = []
+    for line in lines:
+        match = _INSN.match(line)
+        if match:
+            out.append({"mark": match.group("mark"), "address": match.group("address"),
+                        "symbol": match.group("symbol").strip() or None, "offset": int(match.group("offset")),
+                        "text": match.group("text") or None, "line": line.strip()})
+    return out
+
+
+def _same_address(a: str | None, b: str | None) -> bool:
+    return a is not None and b is not None and int(a, 16) == int(b, 16)
+
+
+def _faulting_instruction(insns: list[dict], error_pc: str | None) -> tuple[dict | None, str | None]:
+    for insn in insns:
+        if insn["mark"] in ("*>", "*=>"):
+            return insn, "errorpc"
+    for insn in insns:
+        if _same_address(insn["address"], error_pc):
+            return insn, "errorpc"
+    for insn in insns:
+        if insn["mark"] == "=>":
+            return insn, "pc"
+    return None, None
+
+
+def _base_name(kernel: str) -> str:
+    """'void ns::k<int>(int, float)' -> 'ns::k<int>': the name without return type and
+    parameter list, for patterns written against the bare name."""
+    name = kernel.strip()
+    if name.startswith("void "):
+        name = name[len("void "):]
+    depth = 0
+    for i, ch in enumerate(name):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth <= 0 and i > 0:
+            return name[:i].strip()
+    return name
+
+
+def parse_cuda_gdb(data: str | bytes) -> dict:
+    """What cuda-gdb printed for a GPU core dump, as a dict:
+
+    exception, exception_code, kernel, kernel_base, launch {grid, block}, pc (the exception
+    PC), frame_pc, instruction, instruction_address, instruction_symbol, instruction_offset,
+    instruction_source (errorpc | pc | null), focus {kernel, grid, block, thread, device,
+    sm, warp, lane}, device, sm, warp, lane, frames (innermost first), core_file (as cuda-gdb
+    opened it), exception_function and source_location (from the exception PC line), notes
+    (what the output lacked that triage can do without).
+
+    Raises CoreDumpParseError for input that is empty, not text, truncated, or not the
+    output of ``target cudacore``; the message says what was missing and what was expected.
+    """
+    text = _as_text(data)
+    if not text.strip():
+        raise CoreDumpParseError("empty input: expected what cuda-gdb prints after 'target cudacore FILE' "
+                                 "(a 'CUDA Exception: ...' line and a backtrace)")
+    cut = "" if text.endswith("\n") else " (the output ends mid-line: truncated?)"
+    notes: list[str] = []
+    if cut:
+        notes.append("the output ends mid-line: it may be truncated")
+
+    opening = _OPENING.search(text)
+    exception_match = _EXCEPTION.search(text)
+    signal = _SIGNAL.search(text)
+    if exception_match:
+        exception = exception_match.group("name")
+    elif signal:
+        exception = signal.group("name").strip()
+    else:
+        if opening:
+            raise CoreDumpParseError(
+                f"truncated output: cuda-gdb opened the GPU core dump ({opening.group('file')}) but no "
+                f"'CUDA Exception: <name>' line follows{cut}; expected the exception, its PC and a backtrace. "
+                "A dump taken without an exception (user-triggered) has nothing to triage.")
+        raise CoreDumpParseError(
+            "no CUDA exception found: expected a line 'CUDA Exception: <name>' (what cuda-gdb prints after "
+            "'target cudacore FILE') or 'received signal CUDA_EXCEPTION_<n>, <name>.'; the input starts with: "
+            f"{_excerpt(text)}{cut}")
+    code = signal.group("code") if signal else exception_code(exception)
+    if code is None:
+        notes.append(f"exception {exception!r} is not in cuda-gdb's exception table: no code")
+
+    lines = _logical_lines(text)
+    frames = _frames(lines)
+    if not frames:
+        raise CoreDumpParseError(
+            f"truncated output: found the exception ({exception}) but no backtrace frame{cut}; expected "
+            "'#0  0x... in KERNEL<<<(grid),(block)>>> (...)' as printed on load and by bt")
+    kernel_frame = next((f for f in frames if f["launch"]), None)
+    if kernel_frame is None:
+        shown = "; ".join(f["text"][:160] for f in frames[:3])
+        if cut:
+            raise CoreDumpParseError(
+                f"truncated output: it ends mid-line inside the backtrace ({shown}); found the exception "
+                f"({exception}) but no complete kernel frame; expected '#0  0x... in KERNEL<<<(grid),(block)>>> "
+                "(...)' as printed on load and by bt")
+        raise CoreDumpParseError(
+            f"no kernel launch frame: found the exception ({exception}) and frames ({shown}) but none with "
+            "'KERNEL<<<(grid),(block)>>>'; expected the kernel's frame in the backtrace (bt)")
+
+    trigger = _TRIGGER.search(text)
+    error_pc = trigger.group("pc") if trigger else None
+    insns = _instructions(lines)
+    insn, source = _faulting_instruction(insns, error_pc)
+    if error_pc is None and insn is not None and source == "errorpc":
+        error_pc = insn["address"]
+    pc = error_pc or frames[0]["pc"]
+    if error_pc is None:
+        notes.append("no exception PC in the output ('The exception was triggered at PC ...'): pc is the "
+                     "frame's PC, which for a warp error may be past the faulting instruction")
+    if insn is None:
+        notes.append("no faulting instruction in the output: run 'x/i $errorpc' after 'target cudacore FILE' "
+                     "(cuda-gdb needs cuobjdump on PATH to disassemble)")
+    elif source == "pc":
+        notes.append("the instruction is the one at the warp's PC ('=>'), not the exception PC ('*>'): "
+                     "the warp may have moved past the faulting instruction")
+
+    trigger_rest = trigger.group("rest") if trigger else None
+    location = trigger_rest[1:-1] if trigger_rest and re.fullmatch(r"\(\S+:\d+\)", trigger_rest) else None
+
+    focus_match = _FOCUS.search(text)
+    focus = None
+    if focus_match:
+        groups = focus_match.groupdict()
+        focus = {key: (int(value) if key not in ("block", "thread") else re.sub(r"\s+", "", value))
+                 for key, value in groups.items()}
+
+    kernel = kernel_frame["function"]
+    return {
+        "exception": exception,
+        "exception_code": code,
+        "kernel": kernel,
+        "kernel_base": _base_name(kernel),
+        "launch": kernel_frame["launch"],
+        "pc": pc,
+        "frame_pc": frames[0]["pc"],
+        "instruction": insn["text"] if insn else None,
+        "instruction_address": insn["address"] if insn else None,
+        "instruction_symbol": insn["symbol"] if insn else None,
+        "instruction_offset": insn["offset"] if insn else None,
+        "instruction_source": source,
+        "focus": focus,
+        "device": focus["device"] if focus else None,
+        "sm": focus["sm"] if focus else None,
+        "warp": focus["warp"] if focus else None,
+        "lane": focus["lane"] if focus else None,
+        "frames": frames,
+        "core_file": opening.group("file") if opening else None,
+        "exception_function": None if location else trigger_rest,
+        "source_location": location,
+        "notes": notes,
+    }
+
+
+# --- matching the catalogue ------------------------------------------------------------
+
+def _entry_view(entry, pattern: str, name: str) -> dict:
+    return {"id": entry.id, "title": entry.title, "severity": entry.severity, "symptom": entry.symptom,
+            "evidence": list(entry.evidence), "fix": entry.fix, "pattern": pattern, "matched_name": name}
+
+
+def _where(parsed: dict) -> str:
+    if parsed.get("instruction_offset") is not None:
+        insn = f": {parsed['instruction']}" if parsed.get("instruction") else ""
+        return f" at +{parsed['instruction_offset']}{insn}"
+    return f" at PC {parsed['pc']}" if parsed.get("pc") else ""
+
+
+def triage(parsed: dict, entries: list) -> dict:
+    """``parsed`` plus the catalogue entry whose kernel_patterns match the kernel.
+
+    Tries the kernel name as printed, its bare name and the symbol of the faulting
+    instruction (which may be mangled), in that order. Adds ``matched`` (id, title,
+    severity, symptom, evidence, fix, pattern, matched_name) or ``matched: None``, and a
+    readable ``message``.
+    """
+    candidates = []
+    for name in (parsed.get("kernel"), parsed.get("kernel_base"), parsed.get("instruction_symbol"),
+                 parsed.get("exception_function")):
+        if name and name not in candidates:
+            candidates.append(name)
+    matched = None
+    for name in candidates:
+        for entry in entries:
+            pattern = next((p for p in entry.kernel_patterns if fnmatch.fnmatchcase(name, p)), None)
+            if pattern:
+                matched = _entry_view(entry, pattern, name)
+                break
+        if matched:
+            break
+    code = f" ({parsed['exception_code']})" if parsed.get("exception_code") else ""
+    fault = f"{parsed['exception']}{code}{_where(parsed)}"
+    if matched:
+        message = (f"{parsed['exception']}{code} in kernel {parsed['kernel']}{_where(parsed)}: known issue {matched['id']} ({matched['severity']}): "
+                   f"{matched['title']}. Fix: {matched['fix']}")
+    else:
+        message = (f"unknown kernel {parsed['kernel']}: no catalogue entry matches; add kernel_patterns to "
+                   f"{CATALOGUE_FILE} ({fault})")
+    return {**parsed, "matched": matched, "message": message}
+
+
+# --- files and cuda-gdb ----------------------------------------------------------------
+
+def detect_format(head: bytes) -> str:
+    """'cudacore' or 'cuda_gdb_output' from a file's first bytes (64 are enough).
+
+    Raises CoreDumpFormatError for an ELF file that is not a GPU core dump (a CPU core),
+    a gzip-compressed file, and other binary data.
+    """
+    if head.startswith(ELF_MAGIC):
+        osabi = head[7] if len(head) > 7 else None
+        machine = int.from_bytes(head[18:20], "little" if head[5:6] != b"\x02" else "big") if len(head) >= 20 else None
+        if osabi == ELFOSABI_CUDA or machine == EM_CUDA:
+            return "cudacore"
+        raise CoreDumpFormatError(
+            f"an ELF file, but not a GPU core dump (OS/ABI {osabi if osabi is None else hex(osabi)}, machine "
+            f"{machine if machine is None else hex(machine)}; a GPU core dump has OS/ABI 0x33 and machine 0xbe): "
+            "a CPU core dump or a program? GPU core dumps are the files CUDA_COREDUMP_FILE names")
+    if head.startswith(GZIP_MAGIC):
+        raise CoreDumpFormatError("gzip-compressed (CUDA_COREDUMP_GENERATION_FLAGS gzip_compress?): "
+                                  "decompress it first (gunzip), then triage the dump")
+    try:
+        _as_text(head)
+    except CoreDumpParseError:
+        raise CoreDumpFormatError(
+            "neither a GPU core dump (an ELF file with OS/ABI 0x33) nor a saved cuda-gdb output (text): "
+            "the file is binary data of another kind, or garbled") from None
+    return "cuda_gdb_output"
+
+
+def find_cuda_gdb(explicit: str | None = None, path: str | None = None,
+                  extra_dirs: tuple[str, ...] = DEFAULT_CUDA_GDB_DIRS) -> str | None:
+    """The cuda-gdb to run: ``explicit`` if given (None when it is not an executable
+    file), else the one on ``path`` (default $PATH), else one in ``extra_dirs``."""
+    if explicit:
+        return explicit if os.path.isfile(explicit) and os.access(explicit, os.X_OK) else None
+    found = shutil.which("cuda-gdb", path=path)
+    if found:
+        return found
+    for directory in extra_dirs:
+        candidate = os.path.join(directory, "cuda-gdb")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def cuda_gdb_command(cuda_gdb: str, core_file: str) -> list[str]:
+    """Load the dump, print the backtrace, then the instruction at the exception PC ($errorpc,
+    marked '*>') and at the warp's PC ('=>'). -nx: no ~/.cuda-gdbinit; -batch: exit after
+    the commands (quiet, no banner). A command that fails (no cuobjdump to disassemble) does
+    not stop the ones after it."""
+    argv = [cuda_gdb, "-nx", "-batch", "-ex", f"target cudacore {core_file}"]
+    for command in CUDA_GDB_COMMANDS:
+        argv += ["-ex", command]
+    return argv
