@@ -16,7 +16,7 @@ fi
 # podman+runc boot the simulated nodes, debootstrap builds their image, haproxy fronts
 # the fleet, gcc/make build the fake GPU libraries, python3-venv in case python3.11 is
 # Debian's own.
-packages=(podman runc debootstrap haproxy gcc make iproute2 ca-certificates python3-venv)
+packages=(podman runc debootstrap haproxy gcc make iproute2 ca-certificates python3-venv chromium fonts-dejavu-core)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,10 +4,13 @@
     vllm-fleet rollout   ...
     vllm-fleet rollback  ...
     vllm-fleet coredumps {enable,disable,collect} ...
+    vllm-fleet report    ARTIFACTS_DIR [-o HTML]
 
 Each run streams one line per event that matters, keeps the ansible-runner artifacts
 (and the playbooks' own reports) in one directory, and writes a JSON summary and JUnit
 XML there (and where --json / --junit say). The exit code tells the outcome apart.
+A rollout or rollback also writes rollout.html there: the per-node verdicts and each
+soak's plots (`report` rebuilds it from an artifacts dir).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 
 from . import __version__, junit
+from . import report as html_report
 from .events import collect
 from .extravars import ExtraVarsError, parse_extra_vars
 from .outcome import EXIT_CODE_HELP, OUTCOMES, Decision, ExitCode, decide, read_reports
@@ -34,6 +38,8 @@ COMMANDS = {
     "coredumps": ("playbooks/coredump.yml", "enable, disable or collect GPU core dumps"),
 }
 COREDUMP_ACTIONS = ("enable", "disable", "collect")
+# The commands whose runs get the HTML report (<artifacts>/rollout.html).
+HTML_REPORT_COMMANDS = ("rollout", "rollback")
 REPORT_DIR_VAR = "vllm_fleet_report_dir"
 COREDUMP_ACTION_VAR = "vllm_fleet_coredump_action"
 
@@ -88,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "coredumps":
             cmd.add_argument("action", choices=COREDUMP_ACTIONS,
                              help=f"passed to the playbook as {COREDUMP_ACTION_VAR}")
+    rep = sub.add_parser("report", help="(re)build the HTML report of a run from its artifacts dir",
+                         description="Write rollout.html (per-node verdicts, each soak's plots) from the files of "
+                                     "a run: an artifacts dir (with reports/ and summary.json) or a report dir.")
+    rep.add_argument("dir", type=Path, metavar="DIR", help="the run's artifacts dir, or its reports/ dir")
+    rep.add_argument("-o", "--output", type=Path, metavar="HTML",
+                     help=f"where to write the page (default: DIR/{html_report.REPORT_FILE})")
     return parser
 
 
@@ -204,6 +216,7 @@ def summary_dict(*, command: str | None, plan: Plan | None, decision: Decision, 
         "reports": report_files or [],
         "problems": problems or [],
         "hosts": decision.hosts,
+        "report_html": None,  # <artifacts>/rollout.html once written (rollout, rollback)
     }
 
 
@@ -227,7 +240,45 @@ def _print_result(summary: dict, out: TextIO) -> None:
         print(f"  {host:<{width}} {info['status']:<12}{verdicts} {first[:160]}".rstrip(), file=out)
     if summary.get("artifacts"):
         print(f"  artifacts: {summary['artifacts']}", file=out)
+    if summary.get("report_html"):
+        print(f"  report: {summary['report_html']}", file=out)
     out.flush()
+
+
+def write_html_report(report_dir: Path, output: Path, summary: dict | None) -> Path | None:
+    """The run's HTML report; a report that cannot be written is said, never fatal to the run."""
+    try:
+        return html_report.build_report(report_dir, output, summary)
+    except Exception as exc:  # noqa: BLE001 -- the run's result matters more than its page
+        print(f"vllm-fleet: warning: cannot write the HTML report {output}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return None
+
+
+def report_main(args: argparse.Namespace, out: TextIO) -> int:
+    """`vllm-fleet report DIR`: rebuild rollout.html from a run's files."""
+    path = args.dir.expanduser().resolve()
+    if not path.is_dir():
+        print(f"vllm-fleet: error: report {args.dir}: not a directory", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    report_dir = path / "reports" if (path / "reports").is_dir() else path
+    summary = None
+    summary_path = path / "summary.json"
+    if summary_path.is_file():
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            print(f"vllm-fleet: warning: {summary_path} is unreadable ({exc}): the report goes without it",
+                  file=sys.stderr)
+        if not isinstance(summary, dict):
+            summary = None
+    output = args.output.expanduser().resolve() if args.output else path / html_report.REPORT_FILE
+    written = write_html_report(report_dir, output, summary)
+    if written is None:
+        return int(ExitCode.FAILED)
+    print(written, file=out)
+    out.flush()
+    return int(ExitCode.SUCCESS)
 
 
 def _usage_exit(message: str, ns: argparse.Namespace, started: datetime, plan: Plan | None = None) -> int:
@@ -255,6 +306,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         args = parser.parse_args(argv)
     except UsageError as exc:
         return _usage_exit(str(exc), _prescan_outputs(argv), started)
+    if args.command == "report":
+        return report_main(args, out)
     try:
         plan = Plan(args, cwd)
         artifacts = _artifacts_dir(args.artifacts, plan.project_dir, plan.command, started)
@@ -308,6 +361,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     summary = summary_dict(command=plan.command, plan=plan, decision=decision, rc=rc, started=started,
                            finished=_now(), artifacts=artifacts, report_files=reports.files,
                            problems=reports.problems)
+    if plan.command in HTML_REPORT_COMMANDS:
+        written = write_html_report(report_dir, artifacts / html_report.REPORT_FILE, summary)
+        summary["report_html"] = str(written) if written else None
     json_paths = [artifacts / "summary.json"] + ([args.json_path] if args.json_path else [])
     junit_paths = [artifacts / "junit.xml"] + ([args.junit_path] if args.junit_path else [])
     try:
