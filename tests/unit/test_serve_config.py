@@ -1,0 +1,412 @@
+"""Serving profiles: the serve-args schema, validation, the --config YAML and the env file
+(plugins/module_utils/serve_config.py), the serve_config module, and the service role's
+structure (validation first, every variable declared, the key never logged)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import (
+    ProfileError,
+    SchemaError,
+    build,
+    dump_env,
+    load_schema,
+    size_value,
+    validate_env,
+    validate_serve_args,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_DOC = yaml.safe_load((ROOT / "catalogue" / "vllm_serve_args.yml").read_text())
+SCHEMA = load_schema(SCHEMA_DOC)
+PROFILES = sorted((ROOT / "profiles").glob("*.yml"))
+STABLE = yaml.safe_load((ROOT / "profiles" / "qwen3.6-35b-a3b-nvfp4-sm120.yml").read_text())
+STANDIN_SRC = ROOT / "tests" / "fixtures" / "vllm_standin" / "src"
+ROLE = ROOT / "roles" / "vllm_service"
+ROLE_ARGS = {"host": "0.0.0.0", "port": 8000}
+ROLE_ENV = {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def profile(**changes):
+    out = copy.deepcopy(STABLE)
+    for key, value in changes.items():
+        out[key] = value
+    return out
+
+
+def args_of(serve_args):
+    return {**STABLE["serve_args"], **serve_args}
+
+
+def errors_of(prof, **kwargs) -> list[str]:
+    with pytest.raises(ProfileError) as info:
+        build(SCHEMA_DOC, prof, role_args=ROLE_ARGS, role_env=ROLE_ENV, **kwargs)
+    return info.value.errors
+
+
+def one_error(prof, **kwargs) -> str:
+    errors = errors_of(prof, **kwargs)
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+# --- the shipped data ----------------------------------------------------------------------
+
+def test_shipped_schema_loads_and_knows_the_profiles_flags():
+    assert SCHEMA.vllm == "0.25.1"
+    assert {"gpu-memory-utilization", "max-model-len", "kv-cache-dtype", "enforce-eager"} <= set(SCHEMA.flags)
+    assert SCHEMA.flags["port"].reserved and SCHEMA.flags["api-key"].reserved
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_every_shipped_profile_validates_and_renders(path):
+    prof = yaml.safe_load(path.read_text())
+    result = build(SCHEMA_DOC, prof, role_args=ROLE_ARGS, role_env=ROLE_ENV, header="test")
+    assert result["config"]["model"] == prof["model"]
+    assert list(result["config"])[0] == "model"
+    assert yaml.safe_load(result["content"]) == result["config"]
+    assert result["profile"]["serve_args"] == prof["serve_args"]
+    assert result["warnings"] == []
+
+
+def test_the_stable_profile_renders_what_design_md_says():
+    result = build(SCHEMA_DOC, STABLE, role_args=ROLE_ARGS, role_env=ROLE_ENV)
+    config = yaml.safe_load(result["content"])
+    assert config == {
+        "model": "/models/qwen3.6-35b-a3b-nvfp4", "enable-chunked-prefill": True, "enable-prefix-caching": True,
+        "gpu-memory-utilization": 0.95, "kv-cache-dtype": "fp8", "max-model-len": 262144,
+        "max-num-batched-tokens": 32768, "max-num-seqs": 128, "tensor-parallel-size": 1,
+        "host": "0.0.0.0", "port": 8000,
+    }
+    assert result["env"] == {"VLLM_USE_DEEP_GEMM_E8M0": "0", **ROLE_ENV}
+
+
+# --- booleans: false is the no- form, never dropped ----------------------------------------
+
+def test_false_is_written_as_the_no_form():
+    result = build(SCHEMA_DOC, profile(serve_args=args_of({"enforce-eager": False, "enable-prefix-caching": False})),
+                   role_args=ROLE_ARGS)
+    config = yaml.safe_load(result["content"])
+    assert config["no-enforce-eager"] is True and config["no-enable-prefix-caching"] is True
+    assert "enforce-eager" not in config and "enable-prefix-caching" not in config
+    # preflight reads booleans as booleans (the catalogue matches enforce-eager: true)
+    assert result["profile"]["serve_args"]["enforce-eager"] is False
+
+
+def test_the_no_form_may_be_written_directly_and_means_false():
+    result = build(SCHEMA_DOC, profile(serve_args={"no-enable-prefix-caching": True}), role_args=ROLE_ARGS)
+    assert result["profile"]["serve_args"] == {"enable-prefix-caching": False}
+    assert result["config"]["no-enable-prefix-caching"] is True
+
+
+def test_a_false_on_a_flag_without_a_no_form_is_refused():
+    message = one_error(profile(serve_args=args_of({"disable-log-stats": False})))
+    assert "--disable-log-stats" in message and "no --no- form" in message and "remove it" in message
+
+
+def test_a_no_form_that_does_not_exist_is_refused():
+    message = one_error(profile(serve_args=args_of({"no-disable-log-stats": True})))
+    assert "--disable-log-stats has no --no- form" in message
+
+
+def test_a_no_form_takes_true_only():
+    message = one_error(profile(serve_args={"no-enforce-eager": False}))
+    assert "write enforce-eager: true instead" in message
+
+
+def test_the_same_flag_twice_with_different_values_is_refused():
+    message = one_error(profile(serve_args={"enforce-eager": True, "no-enforce-eager": True}))
+    assert "sets --enforce-eager again" in message
+
+
+def test_rendered_configs_parse_with_the_standin_vllm_parser(tmp_path, monkeypatch):
+    """The YAML as `vllm serve --config` reads it (the stand-in's FlexibleArgumentParser)."""
+    monkeypatch.syspath_prepend(str(STANDIN_SRC))
+    try:
+        import vllm.cli
+
+        prof = profile(serve_args=args_of({"enforce-eager": False, "enable-prefix-caching": False,
+                                           "served-model-name": ["qwen", "default"], "max-model-len": "256K",
+                                           "enable-chunked-prefill": True}))
+        result = build(SCHEMA_DOC, prof, role_args=ROLE_ARGS)
+        path = tmp_path / "gpu0.yaml"
+        path.write_text(result["content"])
+        args = vllm.cli.parse_args(["serve", "--config", str(path)])
+    finally:
+        for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+            del sys.modules[name]
+    assert args.model == "/models/qwen3.6-35b-a3b-nvfp4"
+    assert args.enforce_eager is False and args.enable_prefix_caching is False
+    assert args.enable_chunked_prefill is True
+    assert args.served_model_name == ["qwen", "default"]
+    assert args.max_model_len == 262144 and args.gpu_memory_utilization == 0.95
+    assert args.kv_cache_dtype == "fp8" and args.port == 8000 and args.host == "0.0.0.0"
+
+
+# --- unknown flags, types, ranges, choices ------------------------------------------------
+
+@pytest.mark.parametrize("flag, suggestion", [
+    ("enable-prefix-cache", "--enable-prefix-caching"),
+    ("gpu-memory-utilisation", "--gpu-memory-utilization"),
+    ("--max_num_seq", "--max-num-seqs"),
+    ("kv-cache-type", "--kv-cache-dtype"),
+    ("no-enforce-eagre", "--no-enforce-eager"),
+])
+def test_an_unknown_flag_is_named_with_the_closest_known_one(flag, suggestion):
+    message = one_error(profile(serve_args=args_of({flag: 1})))
+    assert "unknown flag" in message and f"(did you mean {suggestion}?)" in message
+
+
+def test_an_unknown_flag_without_a_near_miss_gets_no_suggestion():
+    message = one_error(profile(serve_args={"frobnicate-the-widgets": True}))
+    assert "unknown flag --frobnicate-the-widgets for vllm serve 0.25.1" in message
+    assert "did you mean" not in message
+
+
+def test_snake_case_and_dashes_name_the_same_flag():
+    result = build(SCHEMA_DOC, profile(serve_args={"--max_num_seqs": 64}), role_args=ROLE_ARGS)
+    assert result["config"]["max-num-seqs"] == 64
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("gpu-memory-utilization", 1.5, "1.5 is out of range: it must be > 0 and <= 1"),
+    ("gpu-memory-utilization", 0, "0 is out of range: it must be > 0 and <= 1"),
+    ("max-num-seqs", 0, "0 is out of range: it must be >= 1"),
+    ("tensor-parallel-size", 2, "2 is out of range: it must be >= 1 and <= 1"),
+    ("max-model-len", "0k", "0 is out of range"),
+    ("max-num-seqs", "128", 'expects an integer, got string "128"'),
+    ("max-num-seqs", True, "expects an integer, got boolean true"),
+    ("max-num-seqs", 12.5, "expects an integer, got number 12.5"),
+    ("enforce-eager", "false", 'expects a boolean (true or false, unquoted), got string "false"'),
+    ("enforce-eager", 1, "expects a boolean"),
+    ("gpu-memory-utilization", "0.9", "expects a number"),
+    ("gpu-memory-utilization", float("nan"), "finite"),
+    ("max-model-len", "256x", "expects a size"),
+    ("kv-cache-dtype", "fp8e4m3", "is not one of: auto, bfloat16, fp8, fp8_e4m3"),
+    ("kv-cache-dtype", "", "expects a non-empty string"),
+    ("block-size", 24, "24 is not one of: 1, 8, 16, 32, 64, 128, 256"),
+    ("served-model-name", [], "expects a non-empty list"),
+    ("served-model-name", ["ok", 3], "item 1: expects a non-empty string"),
+    ("compilation-config", "{}", "expects a mapping"),
+])
+def test_wrong_types_ranges_and_choices_are_refused(flag, value, expected):
+    message = one_error(profile(serve_args=args_of({flag: value})))
+    assert message.startswith(f"profile.serve_args.{flag}: --{flag} ")
+    assert expected in message
+
+
+def test_a_choice_gets_the_closest_one_suggested():
+    assert "(did you mean 'fp8_e4m3'?)" in one_error(profile(serve_args={"kv-cache-dtype": "fp8e4m3"}))
+
+
+def test_sizes_take_vllm_suffixes():
+    assert [size_value(v) for v in (262144, "256k", "256K", "1M", "1.5k", "x", True, 1.0)] == \
+        [262144, 256000, 262144, 1048576, 1500, None, None, None]
+
+
+def test_json_flags_render_as_json_that_yaml_reads_back():
+    result = build(SCHEMA_DOC, profile(serve_args={"compilation-config": {"cudagraph_mode": "FULL", "level": 3}}),
+                   role_args=ROLE_ARGS)
+    assert yaml.safe_load(result["content"])["compilation-config"] == {"cudagraph_mode": "FULL", "level": 3}
+
+
+def test_every_problem_is_reported_at_once():
+    errors = errors_of(profile(serve_args={"enable-prefix-cache": True, "gpu-memory-utilization": 1.5,
+                                           "max-num-seqs": "128"}, env={"X": True}))
+    assert len(errors) == 4
+    assert [e.split(":")[0] for e in errors] == [
+        "profile.serve_args.enable-prefix-cache", "profile.serve_args.gpu-memory-utilization",
+        "profile.serve_args.max-num-seqs", "profile.env.X"]
+
+
+# --- what the role owns --------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag, reason", [
+    ("port", "vllm_fleet_instances"),
+    ("host", "vllm_fleet_service_host"),
+    ("api-key", "vllm_fleet_service_api_key"),
+    ("model", "profile's `model` key"),
+    ("config", "writes the config file"),
+])
+def test_flags_the_role_owns_are_refused_in_a_profile(flag, reason):
+    message = one_error(profile(serve_args=args_of({flag: "x" if flag != "port" else 9000})))
+    assert f"--{flag} is not set in a profile" in message and reason in message
+
+
+def test_role_args_are_checked_too():
+    with pytest.raises(ProfileError, match="role argument port: --port 70000 is out of range"):
+        build(SCHEMA_DOC, STABLE, role_args={"port": 70000})
+
+
+def test_an_unknown_suggestion_never_proposes_a_reserved_flag():
+    assert "did you mean" not in one_error(profile(serve_args={"api-keys": "x"}))
+
+
+# --- environment ---------------------------------------------------------------------------
+
+def test_env_values_are_text():
+    env, errors, _ = validate_env(SCHEMA, {"A": "0", "B": 1, "C": 0.5, "D": True, "E": None, "F": "a\nb"})
+    assert env == {"A": "0", "B": "1", "C": "0.5"}
+    assert [e.split(":")[0] for e in errors] == ["env.D", "env.E", "env.F"]
+    assert "quote it" in errors[0]
+
+
+def test_env_names_are_checked_and_reserved_ones_refused():
+    message = "\n".join(errors_of(profile(env={"1BAD": "x", "CUDA_VISIBLE_DEVICES": "1", "VLLM_API_KEY": "k"}),
+                                  reserved_env={"VLLM_API_KEY": "set vllm_fleet_service_api_key"}))
+    assert "'1BAD' is not an environment variable name" in message
+    assert "profile.env.CUDA_VISIBLE_DEVICES: not set in a profile: the role sets it for each instance" in message
+    assert "profile.env.VLLM_API_KEY: not set in a profile: set vllm_fleet_service_api_key" in message
+
+
+def test_a_misspelt_vllm_variable_gets_a_warning_with_the_closest():
+    result = build(SCHEMA_DOC, profile(env={"VLLM_USE_DEEP_GEMM_E8MO": "0"}), role_args=ROLE_ARGS)
+    [warning] = result["warnings"]
+    assert "VLLM_USE_DEEP_GEMM_E8MO" in warning and "'VLLM_USE_DEEP_GEMM_E8M0'" in warning
+
+
+def test_env_file_quotes_what_systemd_would_expand_or_split():
+    text = dump_env({"A": 'say "hi" $HOME `x` \\n', "B": "plain"}, header="one\ntwo")
+    assert text == '# one\n# two\nA="say \\"hi\\" \\$HOME \\`x\\` \\\\n"\nB="plain"\n'
+
+
+def test_role_env_comes_after_the_profile_env():
+    result = build(SCHEMA_DOC, STABLE, role_args=ROLE_ARGS, role_env={"CUDA_VISIBLE_DEVICES": 3})
+    assert list(result["env"]) == ["VLLM_USE_DEEP_GEMM_E8M0", "CUDA_VISIBLE_DEVICES"]
+    assert result["env"]["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+# --- the profile itself --------------------------------------------------------------------
+
+def test_profile_keys_are_checked():
+    errors = errors_of({"name": "x", "model": "", "serve-args": {}})
+    assert "profile: unknown key 'serve-args' (did you mean 'serve_args'?)" in errors[0]
+    assert errors[1].startswith("profile.model: a non-empty single-line string is required")
+
+
+def test_a_profile_must_be_a_mapping():
+    assert "is not a mapping" in one_error(["not", "a", "profile"])
+
+
+def test_serve_args_must_be_a_mapping():
+    _, errors = validate_serve_args(SCHEMA, ["enforce-eager"])
+    assert errors == ['serve_args: [\'enforce-eager\'] is not a mapping of flag names to values']
+
+
+# --- the schema's own format ---------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"x": {"type": "boolean"}}, "type 'boolean' is not one of"),
+    ({"x": {"type": "int", "negatable": True}}, "negatable is a boolean, and only for type bool"),
+    ({"x": {"type": "str", "min": 1}}, "min and max are for types int, float and size"),
+    ({"x": {"type": "int", "chioces": [1]}}, "unknown key 'chioces' (did you mean 'choices'?)"),
+    ({"--x": {"type": "int"}}, "a flag is named by its long form"),
+    ({"x": {"type": "int", "reserved": ""}}, "reserved is a sentence"),
+    ({}, "flags is a non-empty mapping"),
+])
+def test_a_broken_schema_names_the_flag_and_key(flags, expected):
+    with pytest.raises(SchemaError, match=None) as info:
+        load_schema({"schema_version": 1, "vllm": "0.25.1", "flags": flags})
+    assert expected in str(info.value)
+
+
+def test_an_unsupported_schema_version_is_refused():
+    with pytest.raises(SchemaError, match="schema_version 2 is not supported"):
+        load_schema({**SCHEMA_DOC, "schema_version": 2})
+
+
+# --- the module, through Ansible -----------------------------------------------------------
+
+def _ansible(module_args: dict, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+           "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"}
+    cmd = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+           "-e", f"ansible_python_interpreter={sys.executable}", "-m", "vllm_fleet.fleet.serve_config",
+           "-a", json.dumps(module_args), *extra]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _result(proc) -> dict:
+    return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+def test_module_renders_in_check_mode_and_changes_nothing():
+    proc = _ansible({"schema": SCHEMA_DOC, "profile": STABLE, "role_args": ROLE_ARGS, "header": "h"}, "--check")
+    result = _result(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result["changed"] is False
+    assert result["content"].startswith("# h\nmodel: ")
+    assert result["config"]["port"] == 8000
+
+
+def test_module_fails_with_every_problem_listed():
+    bad = profile(serve_args={"enable-prefix-cache": True, "gpu-memory-utilization": 1.5})
+    proc = _ansible({"schema": SCHEMA_DOC, "profile": bad})
+    result = _result(proc)
+    assert proc.returncode != 0
+    assert result["msg"].startswith(f"serve_config: profile '{STABLE['name']}' cannot be served (2 problem(s)):")
+    assert "(did you mean --enable-prefix-caching?)" in result["msg"]
+    assert len(result["errors"]) == 2
+
+
+# --- the service role's structure ----------------------------------------------------------
+
+def _tasks(name: str) -> list[dict]:
+    return yaml.safe_load((ROLE / "tasks" / name).read_text())
+
+
+def _walk(tasks):
+    for task in tasks:
+        yield task
+        for key in ("block", "rescue", "always"):
+            yield from _walk(task.get(key, []))
+
+
+def test_validation_comes_before_anything_is_written():
+    main = _tasks("main.yml")
+    assert [t["ansible.builtin.import_tasks"] for t in main] == ["validate.yml", "configure.yml", "run.yml"]
+    writers = {"ansible.builtin.copy", "ansible.builtin.template", "ansible.builtin.file", "ansible.builtin.user",
+               "ansible.builtin.group", "ansible.builtin.systemd_service", "ansible.builtin.command"}
+    for task in _walk(_tasks("validate.yml")):
+        assert not writers & set(task), f"validate.yml writes: {task['name']}"
+
+
+def test_every_task_that_touches_the_key_has_no_log():
+    """A task whose arguments template the key (or the header made of it) must not log them."""
+    uses_key = re.compile(r"\{\{[^}]*(vllm_fleet_service_api_key|_vllm_fleet_service_auth)\b[^}]*\}\}")
+    seen = 0
+    for path in sorted((ROLE / "tasks").glob("*.yml")) + [ROLE / "handlers" / "main.yml"]:
+        for task in _walk(yaml.safe_load(path.read_text())):
+            body = {k: v for k, v in task.items()
+                    if k not in ("name", "when", "no_log", "vars", "block", "rescue", "always")}
+            if uses_key.search(json.dumps(body)):
+                seen += 1
+                assert task.get("no_log"), f"{path.name}: {task['name']} handles the API key without no_log"
+    assert seen >= 3  # the key file, /v1/models, /v1/completions
+
+
+def test_every_role_variable_is_declared_in_the_argument_specs():
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    main = specs["main"]["options"]
+    # the instances are the shared vllm_fleet_instances (fleet_defaults), declared here too
+    assert set(defaults) - {"vllm_fleet_service_release_id"} == set(main) - {"vllm_fleet_instances"}
+    assert "vllm_fleet_instances" in main and "vllm_fleet_instances" not in defaults
+    assert "vllm_fleet_service_release_id" in specs["cutover"]["options"]
+    for name, spec in {**main, **specs["cutover"]["options"]}.items():
+        assert spec.get("description"), f"{name} has no description"
+        assert spec.get("type"), f"{name} has no type"
+        if "default" in spec and name in defaults:
+            assert spec["default"] == defaults[name], name
+    assert all(name.startswith("vllm_fleet_service_") for name in defaults)
