@@ -31,6 +31,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+# The Prometheus parser and the notion of progress, shared with the node watchdog; the
+# parser stays importable from here (vllm_metrics, older callers).
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import (  # noqa: F401
+    EngineMetrics,
+    in_flight,
+    metric_max,
+    metric_sum,
+    parse_prometheus,
+    progress_marker,
+)
+
 SCHEMA_VERSION = 1
 
 # The CUDA failure lines that mean the engine died (the story's crash prints the first or
@@ -80,73 +91,6 @@ class SoakConfigError(ValueError):
 
 def utc_iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-# --------------------------------------------------------------------------- Prometheus
-
-_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-def _unescape(value: str) -> str:
-    return re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], value)
-
-
-def parse_prometheus(text: str, prefix: str = "vllm:") -> dict[str, list[tuple[dict, float]]]:
-    """Series whose name starts with ``prefix``: ``{name: [(labels, value), ...]}``.
-
-    The text exposition format as prometheus_client writes it: ``# HELP``/``# TYPE``
-    comments, ``name{k="v",...} value [timestamp]``, escaped label values, ``NaN`` and
-    ``+Inf``. Histogram parts keep their suffixed names (``_bucket``, ``_sum``, ``_count``).
-    Lines that do not parse are skipped: a monitor must not die on one odd line.
-    """
-    series: dict[str, list[tuple[dict, float]]] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line.startswith(prefix):
-            continue
-        brace = line.find("{")
-        space = line.find(" ")
-        labels: dict[str, str] = {}
-        if brace != -1 and (space == -1 or brace < space):
-            name = line[:brace]
-            end = line.find("}", brace)
-            # a "}" inside a quoted value: find the closing brace after the last quote
-            while end != -1 and line[brace:end].count('"') % 2:
-                end = line.find("}", end + 1)
-            if end == -1:
-                continue
-            body, rest = line[brace + 1:end], line[end + 1:]
-            pos = 0
-            while pos < len(body):
-                match = _LABEL_RE.match(body, pos)
-                if not match:
-                    break
-                labels[match.group(1)] = _unescape(match.group(2))
-                pos = match.end()
-        else:
-            name, _, rest = line.partition(" ")
-        fields = rest.split()
-        if not fields:
-            continue
-        try:
-            value = float(fields[0])
-        except ValueError:
-            continue
-        series.setdefault(name, []).append((labels, value))
-    return series
-
-
-def metric_sum(series: dict, name: str, **match: str) -> float | None:
-    """Sum of ``name`` over the label sets that carry every ``match`` label; None if absent."""
-    values = [value for labels, value in series.get(name, ())
-              if all(labels.get(k) == v for k, v in match.items()) and not math.isnan(value)]
-    return sum(values) if values else None
-
-
-def metric_max(series: dict, name: str) -> float | None:
-    values = [value for _, value in series.get(name, ()) if not math.isnan(value)]
-    return max(values) if values else None
 
 
 # --------------------------------------------------------------------------- systemd, journal
@@ -227,14 +171,10 @@ class Sample:
             sample.main_pid = _int_or_none(systemd.get("MainPID"))
             sample.active_state = systemd.get("ActiveState") or None
         if metrics_text is not None:
-            series = parse_prometheus(metrics_text)
-            sample.running = metric_sum(series, "vllm:num_requests_running")
-            sample.waiting = metric_sum(series, "vllm:num_requests_waiting")
-            sample.generation_tokens = metric_sum(series, "vllm:generation_tokens_total")
-            sample.prompt_tokens = metric_sum(series, "vllm:prompt_tokens_total")
-            sample.kv_usage = metric_max(series, "vllm:kv_cache_usage_perc")
-            sample.success_total = metric_sum(series, "vllm:request_success_total")
-            sample.preemptions = metric_sum(series, "vllm:num_preemptions_total")
+            metrics = EngineMetrics.from_text(metrics_text)
+            for name in ("running", "waiting", "generation_tokens", "prompt_tokens", "kv_usage", "success_total",
+                         "preemptions"):
+                setattr(sample, name, getattr(metrics, name))
         return sample
 
     @property
@@ -243,21 +183,13 @@ class Sample:
 
     @property
     def in_flight(self) -> float | None:
-        if self.running is None and self.waiting is None:
-            return None
-        return (self.running or 0) + (self.waiting or 0)
+        return in_flight(self)
 
     @property
     def progress_marker(self) -> tuple | None:
-        """Everything that moves while the engine makes progress.
-
-        Generated tokens alone are not enough: with ~81k-token prompts a batch can spend
-        minutes in prefill, generating nothing while the KV cache fills. A wedged engine
-        moves none of these.
-        """
-        if not self.metrics_ok:
-            return None
-        return (self.generation_tokens, self.prompt_tokens, self.kv_usage, self.success_total, self.preemptions)
+        """Everything that moves while the engine makes progress (``vllm_progress``: the
+        same notion as the node watchdog's; generated tokens alone are not enough)."""
+        return progress_marker(self)
 
 
 # --------------------------------------------------------------------------- the monitor

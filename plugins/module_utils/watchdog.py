@@ -1,0 +1,476 @@
+"""The node watchdog of one vLLM instance: sees progress, not just HTTP 200.
+
+Plain Python, stdlib only, no ``ansible`` import. The ``vllm_watchdog`` role copies this
+file and ``vllm_progress.py`` onto the node as the package ``vllm_fleet_watchdog`` and runs
+``main()`` from ``vllm-fleet-watchdog@<instance>.service``, a oneshot a timer starts every
+few seconds. Each run observes once, decides against the state the earlier runs left, acts
+and exits:
+
+* **observe** -- ``systemctl show`` of ``vllm@<instance>.service``, ``/health`` and
+  ``/metrics`` (``Observer``);
+* **decide** -- ``decide(config, state, observation)``, a pure function, unit-tested
+  without a node: ``healthy`` (progress, or nothing in flight), ``stalled`` (requests in
+  flight, no progress yet for ``window_s``), ``wedged`` (in flight, no progress for
+  ``window_s`` while ``/health`` answers 200 -- vLLM's ``/health`` only reports a dead
+  engine, not a wedged one), ``unhealthy`` (``/health`` failing while systemd says the unit
+  is active; acted on after ``window_s``), ``skipped_starting`` (activating, or within
+  ``startup_grace_s`` of the start), ``inactive`` (systemd or an operator owns it),
+  ``no_metrics``. A wedged or long-unhealthy instance is restarted at most
+  ``max_restarts`` times in ``restart_window_s``; beyond that the run says
+  ``rate_limited`` and does nothing: a flapping node is never restart-looped;
+* **act** -- ``systemctl restart --no-block`` and one JSON line per event on stdout, which
+  the unit sends to the journal (``SYSLOG_IDENTIFIER=vllm-fleet-watchdog``; a ``<N>``
+  prefix sets the priority). Verdict lines only when the verdict changes: a healthy
+  instance is quiet.
+
+"Progress" is ``vllm_progress.progress_marker``, the soak gate's own notion: ANY movement
+of generated or prompt tokens, KV cache usage, finished requests or preemptions (a long
+prompt prefills for minutes without generating a token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field, replace
+
+# Relative on purpose: the same import works in the collection (tests, Ansible) and on the
+# node, where the role installs both files as the package `vllm_fleet_watchdog`.
+from .vllm_progress import EngineMetrics, progress_marker
+
+SCHEMA_VERSION = 1
+STATE_FILE = "state.json"
+SYSLOG_IDENTIFIER = "vllm-fleet-watchdog"
+
+# Journal priorities (sd-daemon(3) prefixes on stdout).
+NOTICE, WARNING, ERR = 5, 4, 3
+PRIORITY = {
+    "healthy": NOTICE, "skipped_starting": NOTICE, "inactive": NOTICE, "no_metrics": NOTICE,
+    "stalled": WARNING, "unhealthy": WARNING, "wedged": WARNING, "restarted": WARNING,
+    "rate_limited": ERR, "restart_failed": ERR, "state_reset": ERR,
+}
+# States in which systemd is starting or reloading the unit: its own start logic
+# (ExecStartPost waits for /health, TimeoutStartSec bounds it) is in charge.
+STARTING_STATES = ("activating", "reloading")
+
+
+class WatchdogConfigError(ValueError):
+    """The configuration cannot work; the message says what to change."""
+
+
+# --------------------------------------------------------------------------- config
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    instance: str
+    base_url: str  # http://127.0.0.1:8000
+    unit: str = ""  # default vllm@<instance>.service
+    interval_s: float = 15.0  # how often the timer runs us (the decision does not need it)
+    window_s: float = 120.0
+    startup_grace_s: float = 60.0
+    max_restarts: int = 3
+    restart_window_s: float = 3600.0
+    http_timeout_s: float = 5.0
+
+    def __post_init__(self):
+        if not self.unit:
+            object.__setattr__(self, "unit", f"vllm@{self.instance}.service")
+
+    def validate(self) -> "WatchdogConfig":
+        problems = []
+        if not self.instance:
+            problems.append("instance is empty")
+        if not self.base_url.startswith(("http://", "https://")):
+            problems.append(f"base_url {self.base_url!r} is not an http(s) URL")
+        for name in ("interval_s", "window_s", "restart_window_s", "http_timeout_s"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be above 0, got {getattr(self, name)!r}")
+        if self.startup_grace_s < 0:
+            problems.append(f"startup_grace_s must be 0 or more, got {self.startup_grace_s!r}")
+        if self.max_restarts < 0:
+            problems.append(f"max_restarts must be 0 (observe only) or more, got {self.max_restarts!r}")
+        if self.interval_s > 0 and self.window_s < 2 * self.interval_s:
+            problems.append(f"window_s ({self.window_s:g}) must be at least two intervals ({2 * self.interval_s:g}): "
+                            "flat over a window needs two samples")
+        if problems:
+            raise WatchdogConfigError("watchdog config: " + "; ".join(problems))
+        return self
+
+
+def load_config(path: str, instance: str) -> WatchdogConfig:
+    """The node's watchdog.json (written by the role) for one instance:
+    ``{"schema_version": 1, <knobs>..., "instances": {"gpu0": {"base_url": ..., "unit": ...}}}``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise WatchdogConfigError(f"cannot read the watchdog config {path}: {exc}")
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        raise WatchdogConfigError(f"{path}: not a watchdog config of schema_version {SCHEMA_VERSION}")
+    instances = data.get("instances") or {}
+    if instance not in instances:
+        raise WatchdogConfigError(f"{path}: no instance {instance!r} (it has {', '.join(sorted(instances)) or 'none'}): "
+                                  "apply the vllm_watchdog role with this instance in vllm_fleet_instances")
+    knobs = {k: data[k] for k in ("interval_s", "window_s", "startup_grace_s", "max_restarts", "restart_window_s",
+                                  "http_timeout_s") if k in data}
+    entry = instances[instance]
+    try:
+        return WatchdogConfig(instance=instance, base_url=str(entry["base_url"]), unit=str(entry.get("unit") or ""),
+                              **knobs).validate()
+    except (KeyError, TypeError) as exc:
+        raise WatchdogConfigError(f"{path}: instance {instance!r}: {exc!r}")
+
+
+# --------------------------------------------------------------------------- state
+
+@dataclass
+class WatchdogState:
+    """What one run leaves to the next (``<StateDirectory>/state.json``).
+
+    Monotonic times (``*_mono``) belong to the process they were taken for (``process``:
+    systemd's InvocationID and MainPID, new on every start); a new process, or a reboot,
+    starts them again. Restart times are wall-clock epochs: the rate limit survives both.
+    """
+
+    process: str | None = None
+    marker: list | None = None  # the last progress marker of `process`
+    progress_mono: float | None = None  # when it last moved (or the instance was idle)
+    unhealthy_since_mono: float | None = None
+    verdict: str | None = None  # the last verdict logged
+    acted_process: str | None = None  # the process the last restart was asked for ...
+    acted_mono: float | None = None  # ... and when
+    rate_limited_process: str | None = None  # the process a rate_limited line was logged for
+    restarts: list = field(default_factory=list)  # [{"time": epoch, "reason": "wedged"}, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "WatchdogState":
+        """Raises ValueError on anything that is not a state this code wrote."""
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.pop("schema_version", None) != SCHEMA_VERSION:
+            raise ValueError(f"not a watchdog state of schema_version {SCHEMA_VERSION}")
+        unknown = set(data) - {f for f in cls.__dataclass_fields__}
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)}")
+        state = cls(**data)
+        restarts = state.restarts
+        if not isinstance(restarts, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("time"), (int, float)) for r in restarts):
+            raise ValueError("restarts is not a list of {time, reason}")
+        for name in ("progress_mono", "unhealthy_since_mono", "acted_mono"):
+            if getattr(state, name) is not None and not isinstance(getattr(state, name), (int, float)):
+                raise ValueError(f"{name} is not a number")
+        if state.marker is not None and not isinstance(state.marker, list):
+            raise ValueError("marker is not a list")
+        return state
+
+
+def read_state(state_dir: str) -> tuple[WatchdogState, str | None]:
+    """(state, problem): a missing file is a fresh start; a corrupt one too, with the reason."""
+    path = os.path.join(state_dir, STATE_FILE)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return WatchdogState(), None
+    except OSError as exc:
+        return WatchdogState(), f"cannot read {path}: {exc}"
+    try:
+        return WatchdogState.from_json(raw.decode("utf-8")), None
+    except (ValueError, TypeError) as exc:
+        return WatchdogState(), f"{path} is corrupt ({exc}); starting afresh"
+
+
+def write_state(state_dir: str, state: WatchdogState) -> None:
+    path = os.path.join(state_dir, STATE_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(state.to_json())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- observation
+
+@dataclass(frozen=True)
+class Observation:
+    """What one run saw. None: could not be read."""
+
+    mono: float  # time.monotonic() (CLOCK_MONOTONIC, systemd's *Monotonic clock)
+    wall: float  # time.time()
+    active_state: str | None = None
+    sub_state: str | None = None
+    main_pid: int | None = None
+    invocation: str | None = None  # InvocationID: new on every start of the unit
+    exec_start_mono: float | None = None  # ExecMainStartTimestampMonotonic, in seconds
+    n_restarts: int | None = None
+    health: int | None = None  # HTTP status of /health
+    health_error: str | None = None  # refused / timeout / another reason, when no status
+    metrics: EngineMetrics | None = None  # None: /metrics did not answer 200
+
+    @property
+    def process(self) -> str | None:
+        return f"{self.invocation or '-'}/{self.main_pid}" if self.main_pid else None
+
+
+@dataclass
+class Decision:
+    verdict: str
+    restart: bool  # the runner must restart the unit (already counted in state.restarts)
+    lines: list  # events to log, in order (dicts with "event")
+    state: WatchdogState
+
+
+def _prune(restarts: list, now: float, window_s: float) -> list:
+    return [r for r in restarts if now - r["time"] < window_s]
+
+
+def _fmt(value) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+def decide(cfg: WatchdogConfig, state: WatchdogState, obs: Observation) -> Decision:
+    """The verdict on one observation, the state for the next run, the lines to log and
+    whether to restart. Pure: no clock, no I/O."""
+    st = replace(state, restarts=_prune(state.restarts, obs.wall, cfg.restart_window_s))
+    metrics = obs.metrics
+    base = {"instance": cfg.instance, "unit": cfg.unit, "main_pid": obs.main_pid,
+            "active_state": obs.active_state}
+
+    def line(event: str, message: str, **extra) -> dict:
+        return {"event": event, **base, **extra, "message": message}
+
+    def verdict_only(verdict: str, message: str, **extra) -> Decision:
+        lines = [line(verdict, message, **extra)] if verdict != state.verdict else []
+        st.verdict = verdict
+        return Decision(verdict, False, lines, st)
+
+    # systemd is starting it, or it is not running: not ours to judge.
+    if obs.active_state != "active" or not obs.main_pid:
+        st.process, st.marker, st.progress_mono, st.unhealthy_since_mono = None, None, None, None
+        if obs.active_state in STARTING_STATES:
+            return verdict_only("skipped_starting", f"{cfg.unit} is {obs.active_state}: systemd is starting it")
+        return verdict_only("inactive", f"{cfg.unit} is {obs.active_state or 'unknown'} "
+                                        f"({obs.sub_state or '?'}): nothing to watch")
+
+    if obs.process != st.process:  # a new process: its counters and clocks start again
+        st.process, st.marker, st.progress_mono, st.unhealthy_since_mono = obs.process, None, None, None
+
+    if obs.exec_start_mono is not None and obs.mono - obs.exec_start_mono < cfg.startup_grace_s:
+        return verdict_only("skipped_starting",
+                            f"{cfg.unit} started {obs.mono - obs.exec_start_mono:.0f} s ago, within the start-up "
+                            f"grace of {cfg.startup_grace_s:g} s", startup_grace_s=cfg.startup_grace_s)
+
+    load = {"running": metrics.running if metrics else None, "waiting": metrics.waiting if metrics else None,
+            "tokens": metrics.generation_tokens if metrics else None,
+            "prompt_tokens": metrics.prompt_tokens if metrics else None,
+            "kv_usage": metrics.kv_usage if metrics else None, "window_s": cfg.window_s}
+
+    if obs.health != 200:
+        # No progress evidence now; when /health comes back the window starts again.
+        st.marker, st.progress_mono = None, None
+        if st.unhealthy_since_mono is None:
+            st.unhealthy_since_mono = obs.mono
+        failing_for = obs.mono - st.unhealthy_since_mono
+        health = obs.health if obs.health is not None else obs.health_error
+        verdict, due = "unhealthy", failing_for >= cfg.window_s
+        detail = dict(load, health=health, failing_for_s=round(failing_for, 1))
+        message = (f"/health answers {health} while systemd says {cfg.unit} is active, for {failing_for:.0f} s "
+                   f"(restart after {cfg.window_s:g} s)")
+    else:
+        st.unhealthy_since_mono = None
+        marker = progress_marker(metrics) if metrics else None
+        in_flight = (metrics.in_flight or 0) if metrics else 0
+        if marker is None:
+            # /health 200 but no metrics: no evidence either way; the window is neither
+            # reset nor acted on.
+            return verdict_only("no_metrics", f"/health answers 200 but /metrics could not be read: cannot judge "
+                                              f"progress of {cfg.unit}", **load)
+        if not in_flight:
+            # Idle is not a wedge, and idle time does not count: the window starts again at
+            # the first sample that sees work.
+            st.marker, st.progress_mono = None, None
+            return verdict_only("healthy", f"{cfg.unit} answers /health and is idle", **load)
+        if st.marker is None or list(marker) != st.marker:
+            moved = st.marker is not None
+            st.marker, st.progress_mono = list(marker), obs.mono
+            if moved:  # it recovered: a later wedge of the same process is a new episode
+                st.rate_limited_process = None
+            return verdict_only("healthy", f"{cfg.unit} makes progress with {in_flight:g} request(s) in flight"
+                                if moved else f"{cfg.unit} answers /health with {in_flight:g} request(s) in flight",
+                                **load)
+        flat_for = obs.mono - st.progress_mono
+        detail = dict(load, health=200, flat_for_s=round(flat_for, 1))
+        if flat_for < cfg.window_s:
+            return verdict_only("stalled", f"{in_flight:g} request(s) in flight and no progress for {flat_for:.0f} s "
+                                           f"(wedged after {cfg.window_s:g} s)", **detail)
+        verdict, due = "wedged", True
+        message = (f"{in_flight:g} request(s) in flight and no progress for {flat_for:.0f} s (window "
+                   f"{cfg.window_s:g} s; generated tokens flat at {_fmt(metrics.generation_tokens)}, prompt tokens "
+                   f"and KV cache unchanged) while /health answers 200: the engine is wedged")
+
+    lines = [line(verdict, message, **detail)] if verdict != state.verdict else []
+    st.verdict = verdict
+    if not due:
+        return Decision(verdict, False, lines, st)
+    counts = {"restarts_in_window": len(st.restarts), "max_restarts": cfg.max_restarts,
+              "restart_window_s": cfg.restart_window_s}
+    if st.acted_process == obs.process and st.acted_mono is not None and obs.mono - st.acted_mono < cfg.window_s:
+        # Our restart of this very process is still under way (the stop can take a while).
+        return Decision(verdict, False, lines, st)
+    if len(st.restarts) >= cfg.max_restarts:
+        if st.rate_limited_process != obs.process:  # once per process, not every run
+            st.rate_limited_process = obs.process
+            lines.append(line("rate_limited", (
+                f"{cfg.unit} is {verdict} but was restarted {len(st.restarts)} time(s) in the last "
+                f"{cfg.restart_window_s:g} s (max_restarts {cfg.max_restarts}): not restarting it; "
+                "a flapping node is for the rollout and the operators"), reason=verdict, **detail, **counts))
+        return Decision(verdict, False, lines, st)
+    st.restarts = st.restarts + [{"time": obs.wall, "reason": verdict}]
+    st.acted_process, st.acted_mono = obs.process, obs.mono
+    counts["restarts_in_window"] = len(st.restarts)
+    lines.append(line("restarted", f"restarting {cfg.unit} ({verdict}): restart {len(st.restarts)} of at most "
+                                   f"{cfg.max_restarts} in {cfg.restart_window_s:g} s", reason=verdict, **detail,
+                      **counts))
+    return Decision(verdict, True, lines, st)
+
+
+# --------------------------------------------------------------------------- observe, act
+
+def parse_show(text: str) -> dict[str, str]:
+    out = {}
+    for raw in text.splitlines():
+        key, sep, value = raw.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class Observer:
+    """Reads the instance once: systemd's view, /health, /metrics."""
+
+    SHOW = ("ActiveState", "SubState", "MainPID", "InvocationID", "ExecMainStartTimestampMonotonic", "NRestarts")
+
+    def __init__(self, cfg: WatchdogConfig, run=subprocess.run):
+        self.cfg = cfg
+        self._run = run
+        # Loopback probes must not go through an HTTP proxy from the environment.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def systemd(self) -> dict[str, str]:
+        argv = ["systemctl", "show", self.cfg.unit] + [f"--property={p}" for p in self.SHOW]
+        try:
+            proc = self._run(argv, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        return parse_show(proc.stdout) if proc.returncode == 0 else {}
+
+    def http_get(self, path: str) -> tuple[int | None, str | None, str | None]:
+        url = self.cfg.base_url.rstrip("/") + path
+        try:
+            with self._opener.open(url, timeout=self.cfg.http_timeout_s) as response:
+                return response.status, response.read().decode("utf-8", "replace"), None
+        except urllib.error.HTTPError as exc:
+            return exc.code, None, None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ConnectionRefusedError):
+                return None, None, "refused"
+            if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+                return None, None, "timeout"
+            return None, None, f"{type(reason).__name__}: {reason}"
+
+    def observe(self, mono=time.monotonic, wall=time.time) -> Observation:
+        show = self.systemd()
+        start_us = _int(show.get("ExecMainStartTimestampMonotonic"))
+        common = dict(active_state=show.get("ActiveState") or None, sub_state=show.get("SubState") or None,
+                      main_pid=_int(show.get("MainPID")), invocation=show.get("InvocationID") or None,
+                      exec_start_mono=start_us / 1e6 if start_us else None, n_restarts=_int(show.get("NRestarts")))
+        if common["active_state"] != "active":  # not serving: no HTTP needed
+            return Observation(mono(), wall(), **common)
+        health, _, health_error = self.http_get("/health")
+        metrics = None
+        if health == 200:
+            status, text, _ = self.http_get("/metrics")
+            metrics = EngineMetrics.from_text(text) if status == 200 and text is not None else None
+        return Observation(mono(), wall(), health=health, health_error=health_error, metrics=metrics, **common)
+
+    def restart(self) -> tuple[bool, str]:
+        """Queue a restart of the unit; do not wait for it (the stop and the model load take minutes)."""
+        argv = ["systemctl", "restart", "--no-block", self.cfg.unit]
+        try:
+            proc = self._run(argv, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, str(exc)
+        return proc.returncode == 0, (proc.stderr or proc.stdout or "").strip()[-500:]
+
+
+def journal_line(event: dict) -> str:
+    """One event as the line the unit prints: ``<priority>{json}`` (systemd strips the prefix)."""
+    return f"<{PRIORITY.get(event['event'], NOTICE)}>{json.dumps(event)}"
+
+
+def run_once(cfg: WatchdogConfig, state_dir: str, *, observer: Observer | None = None, emit=print,
+             dry_run: bool = False) -> Decision:
+    """Read the state, observe, decide, act, log, write the state."""
+    observer = observer or Observer(cfg)
+    state, problem = read_state(state_dir)
+    lines = []
+    if problem:
+        lines.append({"event": "state_reset", "instance": cfg.instance, "unit": cfg.unit, "message": problem})
+    # A dry run (an operator asking) always prints the verdict, changed or not.
+    decision = decide(cfg, replace(state, verdict=None) if dry_run else state, observer.observe())
+    lines += decision.lines
+    if decision.restart and not dry_run:
+        ok, output = observer.restart()
+        if not ok:
+            lines.append({"event": "restart_failed", "instance": cfg.instance, "unit": cfg.unit,
+                          "reason": decision.verdict, "message": f"systemctl restart {cfg.unit} failed: {output}"})
+    if dry_run:
+        lines = [dict(event, dry_run=True) for event in lines]
+    for event in lines:
+        emit(journal_line(event))
+    if not dry_run:
+        write_state(state_dir, decision.state)  # a failed restart still counts: never a loop
+    return decision
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog=SYSLOG_IDENTIFIER, description="One watchdog run for one vLLM instance.")
+    parser.add_argument("--instance", required=True, help="instance name (vllm@<instance>.service)")
+    parser.add_argument("--config", default="/etc/vllm-fleet/watchdog.json")
+    parser.add_argument("--state-dir", default=os.environ.get("STATE_DIRECTORY", "").split(":")[0] or None,
+                        help="default: $STATE_DIRECTORY (systemd's StateDirectory=)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="observe, decide and print every line; no restart, no state written")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.instance)
+    except WatchdogConfigError as exc:
+        print(f"<{ERR}>{exc}", file=sys.stderr)
+        return 2
+    if not args.state_dir:
+        print(f"<{ERR}>no state directory: pass --state-dir or run under systemd with StateDirectory=", file=sys.stderr)
+        return 2
+
+    def emit(text):
+        print(text, flush=True)
+
+    run_once(cfg, args.state_dir, emit=emit, dry_run=args.dry_run)
+    return 0
