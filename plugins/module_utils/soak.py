@@ -36,9 +36,11 @@ from datetime import datetime, timezone
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import (  # noqa: F401
     EngineMetrics,
     in_flight,
+    int_or_none,
     metric_max,
     metric_sum,
     parse_prometheus,
+    parse_systemctl_show,
     progress_marker,
 )
 
@@ -95,23 +97,6 @@ def utc_iso(epoch: float) -> str:
 
 # --------------------------------------------------------------------------- systemd, journal
 
-def parse_systemctl_show(text: str) -> dict[str, str]:
-    """``Key=Value`` lines of ``systemctl show -p ...`` as a dict."""
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out
-
-
-def _int_or_none(value) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
 @dataclass(frozen=True)
 class JournalLine:
     time: float  # epoch seconds (journald's realtime stamp)
@@ -132,7 +117,7 @@ def parse_journal_json(text: str) -> tuple[list[JournalLine], str | None]:
         message = entry.get("MESSAGE")
         if isinstance(message, list):  # journald sends non-UTF-8 messages as byte arrays
             message = bytes(b for b in message if isinstance(b, int) and 0 <= b < 256).decode("utf-8", "replace")
-        stamp = _int_or_none(entry.get("__REALTIME_TIMESTAMP"))
+        stamp = int_or_none(entry.get("__REALTIME_TIMESTAMP"))
         cursor = entry.get("__CURSOR", cursor)
         if isinstance(message, str):
             lines.append(JournalLine(stamp / 1e6 if stamp else 0.0, message))
@@ -167,8 +152,8 @@ class Sample:
                           systemd: dict | None = None, journal=()) -> "Sample":
         sample = cls(elapsed_s, time=time, health=health, health_error=health_error, journal=list(journal))
         if systemd:
-            sample.n_restarts = _int_or_none(systemd.get("NRestarts"))
-            sample.main_pid = _int_or_none(systemd.get("MainPID"))
+            sample.n_restarts = int_or_none(systemd.get("NRestarts"))
+            sample.main_pid = int_or_none(systemd.get("MainPID"))
             sample.active_state = systemd.get("ActiveState") or None
         if metrics_text is not None:
             metrics = EngineMetrics.from_text(metrics_text)

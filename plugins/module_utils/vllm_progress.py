@@ -145,3 +145,20 @@ def progress_marker(metrics) -> tuple | None:
     if metrics.generation_tokens is None:
         return None
     return tuple(getattr(metrics, name) for name in PROGRESS_FIELDS)
+
+
+def parse_systemctl_show(text: str) -> dict[str, str]:
+    """``Key=Value`` lines of ``systemctl show -p ...`` as a dict."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def int_or_none(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 # Relative on purpose: the same import works in the collection (tests, Ansible) and on the
 # node, where the role installs both files as the package `vllm_fleet_watchdog`.
-from .vllm_progress import EngineMetrics, progress_marker
+from .vllm_progress import EngineMetrics, int_or_none, parse_systemctl_show, progress_marker
 
 SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
@@ -346,22 +346,6 @@ def decide(cfg: WatchdogConfig, state: WatchdogState, obs: Observation) -> Decis
 
 # --------------------------------------------------------------------------- observe, act
 
-def parse_show(text: str) -> dict[str, str]:
-    out = {}
-    for raw in text.splitlines():
-        key, sep, value = raw.partition("=")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out
-
-
-def _int(value) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
 class Observer:
     """Reads the instance once: systemd's view, /health, /metrics."""
 
@@ -379,7 +363,7 @@ class Observer:
             proc = self._run(argv, capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired):
             return {}
-        return parse_show(proc.stdout) if proc.returncode == 0 else {}
+        return parse_systemctl_show(proc.stdout) if proc.returncode == 0 else {}
 
     def http_get(self, path: str) -> tuple[int | None, str | None, str | None]:
         url = self.cfg.base_url.rstrip("/") + path
@@ -398,10 +382,10 @@ class Observer:
 
     def observe(self, mono=time.monotonic, wall=time.time) -> Observation:
         show = self.systemd()
-        start_us = _int(show.get("ExecMainStartTimestampMonotonic"))
+        start_us = int_or_none(show.get("ExecMainStartTimestampMonotonic"))
         common = dict(active_state=show.get("ActiveState") or None, sub_state=show.get("SubState") or None,
-                      main_pid=_int(show.get("MainPID")), invocation=show.get("InvocationID") or None,
-                      exec_start_mono=start_us / 1e6 if start_us else None, n_restarts=_int(show.get("NRestarts")))
+                      main_pid=int_or_none(show.get("MainPID")), invocation=show.get("InvocationID") or None,
+                      exec_start_mono=start_us / 1e6 if start_us else None, n_restarts=int_or_none(show.get("NRestarts")))
         if common["active_state"] != "active":  # not serving: no HTTP needed
             return Observation(mono(), wall(), **common)
         health, _, health_error = self.http_get("/health")
