@@ -25,7 +25,6 @@ import resource
 import signal
 import subprocess
 import time
-import urllib.error
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from datetime import datetime, timezone
 # parser stays importable from here (vllm_metrics, older callers).
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import (  # noqa: F401
     EngineMetrics,
+    http_get,
     in_flight,
     int_or_none,
     metric_max,
@@ -968,19 +968,7 @@ class NodeProbe:
 
     def http_get(self, path: str) -> tuple[int | None, str | None, str | None]:
         """(status, body, error) where error is refused / timeout / another reason."""
-        url = self.cfg.base_url.rstrip("/") + path
-        try:
-            with self._opener.open(url, timeout=self.cfg.http_timeout_s) as response:
-                return response.status, response.read().decode("utf-8", "replace"), None
-        except urllib.error.HTTPError as exc:
-            return exc.code, None, None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, ConnectionRefusedError):
-                return None, None, "refused"
-            if isinstance(reason, (TimeoutError,)) or "timed out" in str(reason):
-                return None, None, "timeout"
-            return None, None, f"{type(reason).__name__}: {reason}"
+        return http_get(self._opener, self.cfg.base_url.rstrip("/") + path, self.cfg.http_timeout_s)
 
     def start_journal(self, since: float) -> None:
         """Read only what the unit logs from now on: the cursor of its latest entry."""

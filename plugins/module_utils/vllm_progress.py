@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import urllib.error
 from dataclasses import dataclass
 
 # The attributes whose values form the progress marker, in this order.
@@ -162,3 +163,19 @@ def int_or_none(value) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+def http_get(opener, url: str, timeout: float) -> tuple[int | None, str | None, str | None]:
+    """(status, body, error) of one GET; error is refused / timeout / another reason."""
+    try:
+        with opener.open(url, timeout=timeout) as response:
+            return response.status, response.read().decode("utf-8", "replace"), None
+    except urllib.error.HTTPError as exc:
+        return exc.code, None, None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ConnectionRefusedError):
+            return None, None, "refused"
+        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+            return None, None, "timeout"
+        return None, None, f"{type(reason).__name__}: {reason}"

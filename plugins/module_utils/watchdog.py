@@ -36,13 +36,12 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 
 # Relative on purpose: the same import works in the collection (tests, Ansible) and on the
 # node, where the role installs both files as the package `vllm_fleet_watchdog`.
-from .vllm_progress import EngineMetrics, int_or_none, parse_systemctl_show, progress_marker
+from .vllm_progress import EngineMetrics, http_get, int_or_none, parse_systemctl_show, progress_marker
 
 SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
@@ -366,19 +365,8 @@ class Observer:
         return parse_systemctl_show(proc.stdout) if proc.returncode == 0 else {}
 
     def http_get(self, path: str) -> tuple[int | None, str | None, str | None]:
-        url = self.cfg.base_url.rstrip("/") + path
-        try:
-            with self._opener.open(url, timeout=self.cfg.http_timeout_s) as response:
-                return response.status, response.read().decode("utf-8", "replace"), None
-        except urllib.error.HTTPError as exc:
-            return exc.code, None, None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, ConnectionRefusedError):
-                return None, None, "refused"
-            if isinstance(reason, TimeoutError) or "timed out" in str(reason):
-                return None, None, "timeout"
-            return None, None, f"{type(reason).__name__}: {reason}"
+        """(status, body, error) where error is refused / timeout / another reason."""
+        return http_get(self._opener, self.cfg.base_url.rstrip("/") + path, self.cfg.http_timeout_s)
 
     def observe(self, mono=time.monotonic, wall=time.time) -> Observation:
         show = self.systemd()
