@@ -5,7 +5,7 @@ Reports the playbooks write under the run's report dir (``vllm_fleet_report_dir`
   preflight.json          {host: {host, gpu, cudnn_current, release, profile,
                                   report: {verdict: pass|warn|block, blockers, warnings,
                                            summary, message?}}}
-  rollout/<host>.json     {host, status: upgraded|skipped|rolled_back|failed, release,
+  rollout/<host>.json     {host, status: upgraded|skipped|reverted|rolled_back|failed, release,
                            soak: {passed, reasons, ...} | null}
 """
 from __future__ import annotations
@@ -55,7 +55,9 @@ exit codes:
   When several apply: 2, then 4, then 3, then 5, then 1. The JSON summary lists them all."""
 
 NO_HOSTS_MARKERS = ("leaves us with no hosts to target", "Could not match supplied host pattern")
-ROLLOUT_STATUSES = ("upgraded", "skipped", "rolled_back", "failed")
+# reverted: playbooks/rollback.yml took the node back on purpose (a success);
+# rolled_back: a rollout's turn failed and its rescue took the node back.
+ROLLOUT_STATUSES = ("upgraded", "skipped", "reverted", "rolled_back", "failed")
 
 
 @dataclass
@@ -127,7 +129,7 @@ def host_status(host: str, facts: RunFacts, reports: Reports) -> str:
         return rollout["status"]
     if facts.stat("failures", host):
         return "failed"
-    if rollout.get("status") in ("upgraded", "skipped"):
+    if rollout.get("status") in ("upgraded", "skipped", "reverted"):
         return rollout["status"]
     if facts.stat("changed", host):
         return "changed"

@@ -42,7 +42,7 @@ MAX_PLOT_POINTS = 600  # per series; longer soaks are thinned, keeping each buck
 PLOT_COLORS = {"tokens": "#1f6feb", "kv": "#8250df", "running": "#0e8a8a", "waiting": "#bc4c00"}
 MARKER_COLORS = {"crash": "#e3001b", "wedge": "#f08c00"}
 STATUS_COLORS = {
-    "upgraded": "#1a7f37", "skipped": "#6e7781", "rolled_back": "#cf222e", "failed": "#a40e26",
+    "upgraded": "#1a7f37", "skipped": "#6e7781", "reverted": "#9a6700", "rolled_back": "#cf222e", "failed": "#a40e26",
     "blocked": "#6639ba", "unreachable": "#953800", "not_reached": None, "unknown": None,
 }
 VERDICT_COLORS = {"passed": "#1a7f37", "failed": "#cf222e", "pass": "#1a7f37", "warn": "#9a6700",
@@ -602,7 +602,7 @@ def _header(nodes, summary, outcome, sentence, why, report_dir) -> str:
     summary = summary or {}
     command = summary.get("command") or "rollout"
     counts = Counter(n.status for n in nodes)
-    order = ("upgraded", "skipped", "rolled_back", "failed", "blocked", "unreachable", "not_reached", "unknown")
+    order = ("upgraded", "skipped", "reverted", "rolled_back", "failed", "blocked", "unreachable", "not_reached", "unknown")
     count_text = " · ".join(f"<b>{counts[s]}</b> {esc(STATUS_LABELS.get(s, s))}" for s in order if counts[s])
     started = summary.get("started") or min((n.report.get("started") for n in nodes if n.report.get("started")),
                                             default=None, key=lambda v: str(v))
