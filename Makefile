@@ -7,15 +7,25 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/collections
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup rehearse test unit integration lint sim-down
+.PHONY: setup rehearse bench test unit integration lint sim-down
 
 setup:
 	@bash scripts/setup-host.sh
 
-# A simulated fleet on this machine (containers with fake GPUs), then preflight on it.
+# A rehearsal on a simulated fleet (containers with fake GPUs, HAProxy in front): provision
+# every node with the FP8 profile, then roll the NVFP4 profile out, the canary alone first,
+# then the rest in batches, each node drained, soaked (a minute) and returned.
+SIM := -i .sim/inventory.yml
 rehearse: setup
 	@python scripts/sim-fleet up
-	@ansible-playbook -i .sim/inventory.yml playbooks/preflight.yml
+	@ansible-playbook $(SIM) playbooks/site.yml -e vllm_fleet_profile_name=qwen3.6-35b-a3b-fp8
+	@ansible-playbook $(SIM) rollout.yml --limit canary
+	@ansible-playbook $(SIM) rollout.yml
+	@echo "rehearse: done; per-node reports in reports/rollout/, 'make sim-down' removes the fleet"
+
+# Rollout figures on a simulated fleet of its own (docs/BENCHMARKS.md).
+bench: setup
+	@python scripts/bench-rollout
 
 sim-down:
 	@python scripts/sim-fleet down

@@ -327,6 +327,14 @@ def test_rollout_success_and_hosts_without_a_report_use_the_runner_stats(tmp_pat
     assert d.hosts["lb"]["status"] == "changed"  # no report file: from the runner's stats
 
 
+def test_a_node_the_rollback_playbook_reverted_is_a_success(tmp_path):
+    reports = read_reports(write_reports(tmp_path / "r", rollout={
+        "n1": rollout_report("n1", "reverted", None), "n2": rollout_report("n2", "skipped", None)}))
+    d = decide(facts(stats(ok={"n1": 20, "n2": 5}, changed={"n1": 4})), reports, rc=0, status="successful")
+    assert d.exit_code == 0
+    assert (d.hosts["n1"]["status"], d.hosts["n2"]["status"]) == ("reverted", "skipped")
+
+
 def test_a_rollback_that_was_not_the_soak_gate_is_another_failure(tmp_path):
     """The report's shape as the rollout_node role writes it, for a node whose drain failed."""
     reports = read_reports(write_reports(tmp_path / "r", rollout={"n1": {
