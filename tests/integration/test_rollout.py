@@ -1,0 +1,317 @@
+"""rollout.yml on a simulated fleet, replaying the story end to end: four sm_120 nodes
+behind a real HAProxy, each serving the pre-fix release under the FP8 profile, client
+traffic through HAProxy the whole time, and the rollout of the NVFP4 profile:
+
+1. with cuDNN 9.19 (torch's own pin) preflight blocks;
+2. with that risk accepted, the canary's soak catches the crash, the canary is rolled back
+   to its previous release and profile and serves again, the rollout halts, no other node
+   changed;
+3. with cuDNN 9.24.0.43 the canary passes and the fleet advances batch by batch;
+4. a re-run on the converged fleet changes nothing;
+5. a wedge injected during a soak fails the gate (through the CLI: exit 4);
+6. a rollout interrupted after the canary, run again, finishes without redoing the canary;
+7. playbooks/rollback.yml (through the CLI) takes a node left on an unproven release back
+   to its known-good one and leaves the others alone.
+
+Tests run in file order on one fleet (setting it up costs an install and a start per node).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.simnode.fleet import SimFleet
+from tests.integration.playbook import ROOT, ansible_playbook
+from tests.integration.test_cli import vllm_fleet
+
+NODES = ["node01", "node02", "node03", "node04"]
+BASE_PORT, LB_PORT = 18600, 18690  # host loopback, apart from the other tests' ranges
+CUDNN_BLOCKER = "cudnn-sm12x-fusion-matmul-oob"
+PRE_FIX = {"vllm": "0.25.1", "torch": "2.11.0", "cudnn_package": "nvidia-cudnn-cu13", "cudnn": "9.19.0.56"}
+FIXED = {**PRE_FIX, "cudnn": "9.24.0.43"}
+PRE_FIX_ID = "vllm-0.25.1_nvidia-cudnn-cu13-9.19.0.56"
+FIXED_ID = "vllm-0.25.1_nvidia-cudnn-cu13-9.24.0.43"
+EXIT0 = {"id": "vllm-api-server-exits-0-on-engine-death", "reason": "units use Restart=always"}
+# The fleet as it ran before the catalogue knew: the old release was in production.
+ACCEPT_PRE_FIX = [EXIT0, {"id": CUDNN_BLOCKER, "reason": "integration test: the fleet as it ran before the fix"}]
+
+# Stand-in knobs (tests only): fast loads; the pre-fix crash is rare under the FP8
+# profile's light client traffic and certain within seconds of the NVFP4 soak's load.
+SERVED = "qwen3.6-35b-a3b"
+STANDIN = {"VLLM_STANDIN_LOAD_SECONDS": "0.5", "VLLM_STANDIN_EXIT_DELAY_SECONDS": "0.2",
+           "VLLM_LOG_STATS_INTERVAL": "60"}
+
+
+def profile(name: str, **env: str) -> dict:
+    data = yaml.safe_load((ROOT / "profiles" / f"{name}.yml").read_text())
+    data["env"] = {**data["env"], **STANDIN, **env}
+    # One name for clients across quantizations: the model path changes, the name does not.
+    data["serve_args"] = {**data["serve_args"], "served-model-name": SERVED}
+    return data
+
+
+FP8 = profile("qwen3.6-35b-a3b-fp8", VLLM_STANDIN_MEAN_STEPS_TO_CRASH="100000000")
+NVFP4 = profile("qwen3.6-35b-a3b-nvfp4-sm120", VLLM_STANDIN_MEAN_STEPS_TO_CRASH="60", VLLM_STANDIN_SEED="6")
+
+SOAK = {
+    "vllm_fleet_soak_duration_s": 12, "vllm_fleet_soak_min_duration_s": 6,
+    "vllm_fleet_soak_concurrency": 4, "vllm_fleet_soak_input_len": 256, "vllm_fleet_soak_output_len": 32,
+    "vllm_fleet_soak_sample_interval_s": 1, "vllm_fleet_soak_wedge_window_s": 4,
+    "vllm_fleet_soak_ready_timeout_s": 60, "vllm_fleet_soak_poll_s": 3,
+}
+FLEET_VARS = {
+    "vllm_fleet_runtime_offline": True,
+    "vllm_fleet_runtime_find_links": ["/srv/wheelhouse"],
+    "vllm_fleet_service_restart_sec": 1,
+    "vllm_fleet_service_ready_timeout": 90,
+    "vllm_fleet_service_ready_delay": 1,
+    "vllm_fleet_rollout_batches": [1, 2],
+    **SOAK,
+}
+
+
+class Clients:
+    """Client traffic through HAProxy for the whole of a rollout: a few workers sending
+    small completions back to back; every failure is kept."""
+
+    def __init__(self, port: int, workers: int = 3):
+        self.url = f"http://127.0.0.1:{port}/v1/completions"
+        self.workers, self.stop_event = workers, threading.Event()
+        self.ok, self.failures, self.threads = 0, [], []
+
+    def _work(self):
+        body = json.dumps({"model": SERVED, "prompt": "hello fleet " * 8, "max_tokens": 4}).encode()
+        while not self.stop_event.is_set():
+            request = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    json.loads(response.read())
+                self.ok += 1
+            except Exception as exc:  # noqa: BLE001 - every failure counts, whatever it is
+                self.failures.append(f"{time.strftime('%H:%M:%S')} {exc}")
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(self.workers)]
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(timeout=90)
+
+
+@pytest.fixture(scope="module")
+def fleet(node_image, tmp_path_factory):
+    from tests.fixtures.wheels.build import build_node_wheelhouse
+
+    wheelhouse = build_node_wheelhouse(tmp_path_factory.mktemp("rollout-wheelhouse"))
+    sim = SimFleet(tmp_path_factory.mktemp("rollout-fleet"), prefix=f"vf-roll-{os.getpid()}-",
+                   base_port=BASE_PORT, lb_port=LB_PORT)
+    try:
+        sim.up(len(NODES), volumes=(f"{wheelhouse}:/srv/wheelhouse:ro",), group_vars=FLEET_VARS)
+        run = play(sim, "playbooks/site.yml", release=PRE_FIX, profile_=FP8, accept=ACCEPT_PRE_FIX)
+        assert run.rc == 0, run.output[-4000:]
+        yield sim
+    finally:
+        sim.down()
+
+
+def play(sim: SimFleet, playbook: str, *args: str, release: dict, profile_: dict, accept: list,
+         **extra):
+    return ansible_playbook(playbook, sim.inventory, *args, extra_vars={
+        "vllm_fleet_release": release, "vllm_fleet_profile": profile_, "vllm_fleet_accepted_risks": accept,
+        "vllm_fleet_report_dir": str(sim.directory / "reports"), **extra}, timeout=1200)
+
+
+def node_exec(sim: SimFleet, node: str, cmd: str) -> str:
+    return subprocess.run(["podman", "exec", sim.prefix + node, "sh", "-c", cmd],
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+def state(sim: SimFleet, node: str) -> dict:
+    """What a node serves: its links, its process and the profile it applied."""
+    show = node_exec(sim, node, "systemctl show vllm@gpu0 -p MainPID -p NRestarts -p ActiveState")
+    return {
+        "current": node_exec(sim, node, "basename $(readlink /opt/vllm-fleet/current)"),
+        "known_good": node_exec(sim, node, "basename $(readlink /opt/vllm-fleet/known-good)"),
+        "profile": json.loads(node_exec(sim, node, "cat /etc/vllm-fleet/profile.json") or "{}").get("name"),
+        **dict(line.split("=", 1) for line in show.splitlines()),
+    }
+
+
+def fleet_state(sim: SimFleet) -> dict:
+    return {node: state(sim, node) for node in NODES}
+
+
+def report(sim: SimFleet, node: str) -> dict | None:
+    path = sim.directory / "reports" / "rollout" / f"{node}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def clear_reports(sim: SimFleet) -> None:
+    for path in (sim.directory / "reports" / "rollout").glob("*.json"):
+        path.unlink()
+
+
+def test_provisioned_fleet_serves_the_pre_fix_release(fleet):
+    for node, st in fleet_state(fleet).items():
+        assert (st["current"], st["known_good"], st["profile"], st["ActiveState"]) == \
+               (PRE_FIX_ID, PRE_FIX_ID, FP8["name"], "active"), node
+
+
+def test_preflight_blocks_cudnn_9_19_on_sm120_before_anything_changes(fleet):
+    before = fleet_state(fleet)
+    run = play(fleet, "rollout.yml", release=PRE_FIX, profile_=NVFP4, accept=[EXIT0])
+
+    assert run.rc != 0
+    assert f"[{CUDNN_BLOCKER}]" in run.output
+    assert fleet_state(fleet) == before
+
+
+def test_accepted_risk_canary_soak_catches_the_crash_and_rolls_back(fleet):
+    clear_reports(fleet)
+    before = fleet_state(fleet)
+    with Clients(LB_PORT) as clients:
+        run = play(fleet, "rollout.yml", release=PRE_FIX, profile_=NVFP4,
+                   accept=[*ACCEPT_PRE_FIX])
+
+    assert run.rc != 0
+    assert "rollout halted at node01" in run.output
+    canary = report(fleet, "node01")
+    assert canary["status"] == "rolled_back"
+    assert canary["soak"]["passed"] is False
+    assert any("illegal memory access" in reason or "misaligned address" in reason or "crash" in reason
+               for reason in canary["soak"]["reasons"]), canary["soak"]["reasons"]
+    after = fleet_state(fleet)
+    # The canary serves its previous release and profile again ...
+    assert (after["node01"]["current"], after["node01"]["profile"], after["node01"]["ActiveState"]) == \
+           (PRE_FIX_ID, FP8["name"], "active")
+    # ... and nothing else was touched.
+    for node in NODES[1:]:
+        assert after[node] == before[node], node
+        assert report(fleet, node) is None
+    assert clients.failures == [], clients.failures[:5]
+    assert clients.ok > 0
+
+
+def test_fixed_cudnn_passes_the_canary_and_the_fleet_advances_batch_by_batch(fleet):
+    clear_reports(fleet)
+    with Clients(LB_PORT) as clients:
+        run = play(fleet, "rollout.yml", release=FIXED, profile_=NVFP4, accept=[EXIT0])
+
+    assert run.rc == 0, run.output[-5000:]
+    reports = {node: report(fleet, node) for node in NODES}
+    for node, st in fleet_state(fleet).items():
+        assert (st["current"], st["known_good"], st["profile"], st["ActiveState"]) == \
+               (FIXED_ID, FIXED_ID, NVFP4["name"], "active"), node
+        assert reports[node]["status"] == "upgraded" and reports[node]["soak"]["passed"] is True
+    # canary alone, then node02, then node03 and node04 together
+    order = sorted(NODES, key=lambda n: reports[n]["started"])
+    assert order[0] == "node01"
+    assert reports["node01"]["finished"] <= reports["node02"]["started"]
+    assert reports["node02"]["finished"] <= min(reports["node03"]["started"], reports["node04"]["started"])
+    assert clients.failures == [], clients.failures[:5]
+
+
+def test_rerun_on_the_converged_fleet_changes_nothing(fleet):
+    clear_reports(fleet)
+    before = fleet_state(fleet)
+    run = play(fleet, "rollout.yml", release=FIXED, profile_=NVFP4, accept=[EXIT0])
+
+    assert run.rc == 0, run.output[-4000:]
+    assert fleet_state(fleet) == before
+    assert {report(fleet, n)["status"] for n in NODES} == {"skipped"}
+    assert "soak progress" not in run.output
+
+
+def test_wedge_during_the_canary_soak_fails_the_gate(fleet, tmp_path):
+    clear_reports(fleet)
+    wedged = dict(NVFP4, name="nvfp4-wedge-test", serve_args={**NVFP4["serve_args"], "max-num-seqs": 64})
+
+    def wedge_when_the_soak_runs():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if node_exec(fleet, "node01", "ls /opt/vllm-fleet/current/soak/*/progress.jsonl 2>/dev/null"):
+                node_exec(fleet, "node01", "systemctl kill -s SIGUSR1 vllm@gpu0")
+                return
+            time.sleep(0.5)
+
+    injector = threading.Thread(target=wedge_when_the_soak_runs, daemon=True)
+    # Only soaks that start in this test count: move the old ones aside.
+    node_exec(fleet, "node01", "mkdir -p /root/old-soaks && mv /opt/vllm-fleet/current/soak/* /root/old-soaks/ || true")
+    injector.start()
+    code, output, summary, junit = vllm_fleet(
+        tmp_path, "rollout", "-i", str(fleet.inventory), "--limit", "canary",
+        "-e", json.dumps({"vllm_fleet_release": FIXED, "vllm_fleet_profile": wedged,
+                          "vllm_fleet_accepted_risks": [EXIT0]}), timeout=1200)
+    injector.join(timeout=10)
+
+    assert code == 4, output[-4000:]  # the soak gate failed
+    assert (summary["outcome"], summary["exit_code"]) == ("gate_failed", 4)
+    canary = summary["hosts"]["node01"]
+    assert (canary["status"], canary["soak_verdict"]) == ("rolled_back", "failed"), canary
+    assert "wedge" in (canary["message"] or ""), canary
+    kept = json.loads((Path(summary["artifacts"]) / "reports" / "rollout" / "node01.json").read_text())
+    assert any("wedge" in reason for reason in kept["soak"]["reasons"]), kept["soak"]["reasons"]
+    assert set(kept["marks"]) == {"started", "drained", "ready"}  # it never reached a verdict mark
+    st = state(fleet, "node01")
+    assert (st["current"], st["profile"], st["ActiveState"]) == (FIXED_ID, NVFP4["name"], "active")
+
+
+def test_interrupted_rollout_run_again_finishes_without_redoing_finished_nodes(fleet):
+    clear_reports(fleet)
+    target = dict(NVFP4, name="nvfp4-seqs-96", serve_args={**NVFP4["serve_args"], "max-num-seqs": 96})
+    env_cmd = [str(Path(os.sys.executable).parent / "ansible-playbook"), "-i", str(fleet.inventory), "rollout.yml",
+               "-e", json.dumps({"vllm_fleet_release": FIXED, "vllm_fleet_profile": target,
+                                 "vllm_fleet_accepted_risks": [EXIT0],
+                                 "vllm_fleet_report_dir": str(fleet.directory / "reports")})]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+           "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections")}
+    proc = subprocess.Popen(env_cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (report(fleet, "node01") or {}).get("status") == "upgraded":
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the controller dies mid-rollout
+    proc.wait()
+    canary_after_first = state(fleet, "node01")
+    assert report(fleet, "node01")["status"] == "upgraded"
+
+    run = play(fleet, "rollout.yml", release=FIXED, profile_=target, accept=[EXIT0])
+
+    assert run.rc == 0, run.output[-4000:]
+    assert report(fleet, "node01")["status"] == "skipped"
+    assert state(fleet, "node01") == canary_after_first  # no restart, no second soak
+    for node in NODES:
+        assert state(fleet, node)["profile"] == "nvfp4-seqs-96", node
+
+
+def test_rollback_returns_a_node_on_an_unproven_release_to_its_known_good_one(fleet, tmp_path):
+    before = fleet_state(fleet)
+    # node02 is put on the old release by hand (still installed), as a cutover without a gate would.
+    node_exec(fleet, "node02", f"ln -sfn releases/{PRE_FIX_ID} /opt/vllm-fleet/current && systemctl restart vllm@gpu0")
+    assert state(fleet, "node02")["current"] == PRE_FIX_ID
+
+    with Clients(LB_PORT) as clients:
+        code, output, summary, junit = vllm_fleet(tmp_path, "rollback", "-i", str(fleet.inventory), timeout=900)
+
+    assert code == 0, output[-4000:]
+    statuses = {host: info["status"] for host, info in summary["hosts"].items()}
+    assert statuses == {"node01": "skipped", "node02": "reverted", "node03": "skipped", "node04": "skipped"}
+    after = fleet_state(fleet)
+    assert (after["node02"]["current"], after["node02"]["ActiveState"]) == (before["node02"]["current"], "active")
+    for node in ("node01", "node03", "node04"):
+        assert after[node] == before[node], node
+    assert clients.failures == [], clients.failures[:5]
