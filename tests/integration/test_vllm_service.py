@@ -360,7 +360,9 @@ def test_a_profile_change_restarts_once_and_an_unlisted_instance_is_removed(serv
     assert completes()
     assert served.node.exec(f"systemctl is-active {UNIT1}").stdout.strip() == "inactive"
     assert served.node.exec(f"systemctl is-enabled {UNIT1}").stdout.strip() == "disabled"
-    assert served.sh("ls /etc/vllm-fleet").split() == ["api-key.env", "gpu0.env", "gpu0.yaml", "profile.json"]
+    # gpu1's files are gone; known-good/ is the configuration kept with the known-good release
+    assert served.sh("ls /etc/vllm-fleet").split() == ["api-key.env", "gpu0.env", "gpu0.yaml", "known-good",
+                                                       "profile.json"]
     # ... and applying it again changes nothing.
     again = served.play("service.yml", vllm_fleet_profile=changed, vllm_fleet_instances=only_gpu0)
     assert again.rc == 0 and re.search(r"svc\s+:.*changed=0", again.output), again.output[-3000:]
