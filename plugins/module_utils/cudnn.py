@@ -117,9 +117,9 @@ def _venv_python(venv: str) -> str:
     return python
 
 
-def _last_line(text: str) -> str:
+def _last_line(text: str, limit: int | None = _MAX_ERROR) -> str:
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[-1][:_MAX_ERROR] if lines else "no output"
+    return lines[-1][:limit] if lines else "no output"
 
 
 def _probe(run, python: str, script: str, args: list, timeout: int, what: str):
@@ -140,7 +140,8 @@ def _probe(run, python: str, script: str, args: list, timeout: int, what: str):
         return None, f"{what} was killed by {name}: {_last_line(proc.stderr)}"
     if proc.returncode != 0:
         return None, f"{what} failed (exit status {proc.returncode}): {_last_line(proc.stderr)}"
-    return _last_line(proc.stdout), None
+    # Whole: the listing's JSON grows with the venv's path (only error text is cut short).
+    return _last_line(proc.stdout, limit=None), None
 
 
 def _list_installed(run, python: str, venv: str, timeout: int) -> dict:

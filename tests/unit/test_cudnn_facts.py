@@ -463,3 +463,15 @@ def test_module_names_packaging_when_the_interpreter_lacks_it(cu12_venv):
     rc, result = ansible_adhoc(f"venv={cu12_venv}", python=cu12_venv / "bin" / "python")
     assert rc != 0
     assert "Failed to import the required Python library (packaging)" in result["msg"]
+
+
+def test_a_venv_at_a_long_path_is_listed_whole(make_venv):
+    # The listing is one JSON line holding every library path: past 400 characters it was once
+    # cut like an error message and read as garbage.
+    venv = make_venv("long/" + "x" * 200 + "/" + "y" * 200, "torch==2.11.0",
+                     overrides=["nvidia-cudnn-cu13==9.24.0.43"])
+    facts = collect_cudnn_facts(str(venv))
+
+    assert len(str(venv)) > 400
+    assert (facts["status"], facts["effective_version"]) == ("ok", "9.24.0")
+    assert facts["library_path"].startswith(str(venv))
