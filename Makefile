@@ -30,10 +30,14 @@ bench: setup
 sim-down:
 	@python scripts/sim-fleet down
 
-# Everything: unit tests, module docs, ansible-lint, the simulated-node tests.
+# Everything: unit tests, module docs, ansible-lint, the simulated-node tests. Two workers,
+# one file each at a time: the simulated nodes mostly wait (boots, soaks, readiness), and
+# a file's tests share its nodes (tests/conftest.py orders the files).
+PYTEST_WORKERS ?= 2
 test: setup
 	@mkdir -p reports/junit
-	@pytest -p no:cacheprovider --junitxml=reports/junit/pytest.xml $(PYTEST_ARGS)
+	@pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=15 \
+		--junitxml=reports/junit/pytest.xml $(PYTEST_ARGS)
 
 unit: setup
 	@pytest tests/unit $(PYTEST_ARGS)
