@@ -27,56 +27,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.fixtures.simnode.fleet import SimFleet
-from tests.integration.playbook import ROOT, ansible_playbook
+from tests.fixtures.story import (ACCEPT_PRE_FIX, CUDNN_BLOCKER, EXIT0, FIXED, FIXED_ID, FLEET_VARS, FP8, NVFP4,
+                                  PRE_FIX, PRE_FIX_ID, SERVED, play)
+from tests.integration.playbook import ROOT
 from tests.integration.test_cli import vllm_fleet
 
 NODES = ["node01", "node02", "node03", "node04"]
 BASE_PORT, LB_PORT = 18600, 18690  # host loopback, apart from the other tests' ranges
-CUDNN_BLOCKER = "cudnn-sm12x-fusion-matmul-oob"
-PRE_FIX = {"vllm": "0.25.1", "torch": "2.11.0", "cudnn_package": "nvidia-cudnn-cu13", "cudnn": "9.19.0.56"}
-FIXED = {**PRE_FIX, "cudnn": "9.24.0.43"}
-PRE_FIX_ID = "vllm-0.25.1_nvidia-cudnn-cu13-9.19.0.56"
-FIXED_ID = "vllm-0.25.1_nvidia-cudnn-cu13-9.24.0.43"
-EXIT0 = {"id": "vllm-api-server-exits-0-on-engine-death", "reason": "units use Restart=always"}
-# The fleet as it ran before the catalogue knew: the old release was in production.
-ACCEPT_PRE_FIX = [EXIT0, {"id": CUDNN_BLOCKER, "reason": "integration test: the fleet as it ran before the fix"}]
-
-# Stand-in knobs (tests only): fast loads; the pre-fix crash is rare under the FP8
-# profile's light client traffic and certain within seconds of the NVFP4 soak's load.
-SERVED = "qwen3.6-35b-a3b"
-STANDIN = {"VLLM_STANDIN_LOAD_SECONDS": "0.5", "VLLM_STANDIN_EXIT_DELAY_SECONDS": "0.2",
-           "VLLM_LOG_STATS_INTERVAL": "60"}
-
-
-def profile(name: str, **env: str) -> dict:
-    data = yaml.safe_load((ROOT / "profiles" / f"{name}.yml").read_text())
-    data["env"] = {**data["env"], **STANDIN, **env}
-    # One name for clients across quantizations: the model path changes, the name does not.
-    data["serve_args"] = {**data["serve_args"], "served-model-name": SERVED}
-    return data
-
-
-FP8 = profile("qwen3.6-35b-a3b-fp8", VLLM_STANDIN_MEAN_STEPS_TO_CRASH="100000000")
-NVFP4 = profile("qwen3.6-35b-a3b-nvfp4-sm120", VLLM_STANDIN_MEAN_STEPS_TO_CRASH="60", VLLM_STANDIN_SEED="6")
-
-SOAK = {
-    "vllm_fleet_soak_duration_s": 12, "vllm_fleet_soak_min_duration_s": 6,
-    "vllm_fleet_soak_concurrency": 4, "vllm_fleet_soak_input_len": 256, "vllm_fleet_soak_output_len": 32,
-    "vllm_fleet_soak_sample_interval_s": 1, "vllm_fleet_soak_wedge_window_s": 4,
-    "vllm_fleet_soak_ready_timeout_s": 60, "vllm_fleet_soak_poll_s": 3,
-}
-FLEET_VARS = {
-    "vllm_fleet_runtime_offline": True,
-    "vllm_fleet_runtime_find_links": ["/srv/wheelhouse"],
-    "vllm_fleet_service_restart_sec": 1,
-    "vllm_fleet_service_ready_timeout": 90,
-    "vllm_fleet_service_ready_delay": 1,
-    "vllm_fleet_rollout_batches": [1, 2],
-    **SOAK,
-}
 
 
 class Clients:
@@ -126,13 +85,6 @@ def fleet(node_image, tmp_path_factory):
         yield sim
     finally:
         sim.down()
-
-
-def play(sim: SimFleet, playbook: str, *args: str, release: dict, profile_: dict, accept: list,
-         **extra):
-    return ansible_playbook(playbook, sim.inventory, *args, extra_vars={
-        "vllm_fleet_release": release, "vllm_fleet_profile": profile_, "vllm_fleet_accepted_risks": accept,
-        "vllm_fleet_report_dir": str(sim.directory / "reports"), **extra}, timeout=1200)
 
 
 def node_exec(sim: SimFleet, node: str, cmd: str) -> str:
@@ -289,7 +241,9 @@ def test_interrupted_rollout_run_again_finishes_without_redoing_finished_nodes(f
     canary_after_first = state(fleet, "node01")
     assert report(fleet, "node01")["status"] == "upgraded"
 
-    run = play(fleet, "rollout.yml", release=FIXED, profile_=target, accept=[EXIT0])
+    # The rest in one batch: this test is about what is skipped; batch order is tested above.
+    run = play(fleet, "rollout.yml", release=FIXED, profile_=target, accept=[EXIT0],
+               vllm_fleet_rollout_batches=[len(NODES) - 1])
 
     assert run.rc == 0, run.output[-4000:]
     assert report(fleet, "node01")["status"] == "skipped"
