@@ -42,7 +42,7 @@ def fake_nvml_lib(tmp_path_factory) -> Path:
     return build_fake_nvml(tmp_path_factory.mktemp("nvml"))
 
 
-def _profile_path(profile: str | Path) -> Path:
+def profile_path(profile: str | Path) -> Path:
     from tests.fixtures.nvml.build import PROFILES_DIR
 
     path = Path(profile) if Path(profile).suffix else PROFILES_DIR / f"{profile}.conf"
@@ -72,7 +72,7 @@ def sim_nodes(node_image, request):
             name, profile = item
             if profile is None:
                 return simnode.start_node(name, image=node_image, prefix=prefix, volumes=volumes)
-            return simnode.start_node(name, nvml_lib=lib, nvml_profile=_profile_path(profile),
+            return simnode.start_node(name, nvml_lib=lib, nvml_profile=profile_path(profile),
                                       image=node_image, prefix=prefix, volumes=volumes)
 
         with ThreadPoolExecutor(max_workers=max(1, len(spec))) as pool:

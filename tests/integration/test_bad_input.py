@@ -14,7 +14,7 @@ import pytest
 
 from tests.fixtures.simnode import simnode
 from tests.fixtures.story import EXIT0, FIXED, NVFP4, PRE_FIX
-from tests.integration.conftest import PREFIX, _profile_path
+from tests.integration.conftest import PREFIX, profile_path
 from tests.integration.test_cli import vllm_fleet
 
 BAD_CATALOGUE = "schema_version: 1\nknown_issues:\n  - id: incomplete-entry\n    title: an entry with no match and no fix\n"
@@ -59,7 +59,7 @@ PLAYBOOK_CASES = {
     "catalogue-missing": ({"vllm_fleet_catalogue_path": "/nonexistent/known_issues.yml"},
                           "/nonexistent/known_issues.yml", 1),
     "catalogue-incomplete-entry": ("BAD_CATALOGUE", "incomplete-entry", 1),
-    "catalogue-not-yaml": ("NOT_YAML", "'catalogue': The filter plugin 'ansible.builtin.from_yaml' failed", 1),
+    "catalogue-not-yaml": ("NOT_YAML", "is not YAML (line 2, column 3)", 1),
     # inventory: instances, batches, soak, API key
     "instance-port-not-a-number": (instances({"name": "gpu0", "gpu": 0, "port": "http"}), "port", 1),
     "instance-name-with-space": (instances({"name": "GPU 0", "gpu": 0, "port": 18751}), "vllm_fleet_instances", 1),
@@ -68,6 +68,8 @@ PLAYBOOK_CASES = {
     "instances-share-a-gpu": (instances({"name": "gpu0", "gpu": 0, "port": 18751},
                                         {"name": "gpu1", "gpu": 0, "port": 18752}), "vllm_fleet_instances", 1),
     "instance-port-out-of-range": (instances({"name": "gpu0", "gpu": 0, "port": 70000}), "vllm_fleet_instances", 1),
+    "instance-on-a-gpu-the-node-lacks": (instances({"name": "gpu0", "gpu": 3, "port": 18751}),
+                                         "instance gpu0 is on GPU 3, which is not on this node", 1),
     "batch-of-zero": ({"vllm_fleet_rollout_batches": [1, 0]}, "vllm_fleet_rollout_batches", 1),
     "batch-plan-a-string": ({"vllm_fleet_rollout_batches": "1,2"}, "vllm_fleet_rollout_batches", 1),
     "batch-over-100-percent": ({"vllm_fleet_rollout_batches": ["150%"]}, "vllm_fleet_rollout_batches", 1),
@@ -88,7 +90,7 @@ CLI_CASES = {
 @pytest.fixture(scope="module")
 def node(node_image, fake_nvml_lib, tmp_path_factory):
     prefix = f"{PREFIX}bad-"
-    started = simnode.start_node("node01", nvml_lib=fake_nvml_lib, nvml_profile=_profile_path("rtx_pro_6000"),
+    started = simnode.start_node("node01", nvml_lib=fake_nvml_lib, nvml_profile=profile_path("rtx_pro_6000"),
                                  image=node_image, prefix=prefix)
     inventory = simnode.write_inventory(
         [started], tmp_path_factory.mktemp("bad-input") / "inventory.yml", {"canary": ["node01"]},
