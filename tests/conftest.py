@@ -1,11 +1,13 @@
 """Suite-wide ordering for `make test`'s workers (pytest-xdist, --dist loadfile): the
-longest files are handed out first, so two workers finish at about the same time instead
+longest files are handed out first, so the workers finish at about the same time instead
 of one starting the rollout story after the other has run out of work."""
 from __future__ import annotations
 
-# Minutes on 2 cores, longest first (the CI log's --durations); every other file is short.
-LONGEST_FIRST = ("tests/integration/test_rollout.py", "tests/molecule/test_molecule.py",
-                 "tests/integration/test_vllm_service.py", "tests/integration/test_soak.py")
+# Longest first, from a run's JUnit times (2026-12-03); every other file takes under 3 minutes.
+LONGEST_FIRST = ("tests/integration/test_rollout.py", "tests/integration/test_faults.py",
+                 "tests/molecule/test_molecule.py", "tests/integration/test_vllm_service.py",
+                 "tests/integration/test_coredump.py", "tests/integration/test_vllm_runtime.py",
+                 "tests/integration/test_bad_input.py")
 
 
 def _rank(item) -> int:

@@ -8,9 +8,7 @@ traffic through HAProxy the whole time, and the rollout of the NVFP4 profile:
    changed;
 3. with cuDNN 9.24.0.43 the canary passes and the fleet advances batch by batch;
 4. a re-run on the converged fleet changes nothing;
-5. a wedge injected during a soak fails the gate (through the CLI: exit 4);
-6. a rollout interrupted after the canary, run again, finishes without redoing the canary;
-7. playbooks/rollback.yml (through the CLI) takes a node left on an unproven release back
+5. playbooks/rollback.yml (through the CLI) takes a node left on an unproven release back
    to its known-good one and leaves the others alone.
 
 Tests run in file order on one fleet (setting it up costs an install and a start per node).
@@ -19,19 +17,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from tests.fixtures.simnode.fleet import SimFleet
-from tests.fixtures.story import (ACCEPT_PRE_FIX, CUDNN_BLOCKER, EXIT0, FIXED, FIXED_ID, FLEET_VARS, FP8, NVFP4,
-                                  PRE_FIX, PRE_FIX_ID, SERVED, play)
-from tests.integration.playbook import ROOT
+from tests.fixtures.story import (ACCEPT_PRE_FIX, CUDNN_BLOCKER, EXIT0, FIXED, FIXED_ID, FP8, NVFP4,
+                                  PRE_FIX, PRE_FIX_ID, SERVED, clear_reports, node_exec, play, provisioned_fleet,
+                                  report, state)
 from tests.integration.test_cli import vllm_fleet
 
 NODES = ["node01", "node02", "node03", "node04"]
@@ -73,48 +68,13 @@ class Clients:
 
 @pytest.fixture(scope="module")
 def fleet(node_image, tmp_path_factory):
-    from tests.fixtures.wheels.build import build_node_wheelhouse
-
-    wheelhouse = build_node_wheelhouse(tmp_path_factory.mktemp("rollout-wheelhouse"))
-    sim = SimFleet(tmp_path_factory.mktemp("rollout-fleet"), prefix=f"vf-roll-{os.getpid()}-",
-                   base_port=BASE_PORT, lb_port=LB_PORT)
-    try:
-        sim.up(len(NODES), volumes=(f"{wheelhouse}:/srv/wheelhouse:ro",), group_vars=FLEET_VARS)
-        run = play(sim, "playbooks/site.yml", release=PRE_FIX, profile_=FP8, accept=ACCEPT_PRE_FIX)
-        assert run.rc == 0, run.output[-4000:]
+    with provisioned_fleet(tmp_path_factory.mktemp("rollout"), f"vf-roll-{os.getpid()}-", BASE_PORT, LB_PORT,
+                           len(NODES)) as sim:
         yield sim
-    finally:
-        sim.down()
-
-
-def node_exec(sim: SimFleet, node: str, cmd: str) -> str:
-    return subprocess.run(["podman", "exec", sim.prefix + node, "sh", "-c", cmd],
-                          capture_output=True, text=True, timeout=60).stdout.strip()
-
-
-def state(sim: SimFleet, node: str) -> dict:
-    """What a node serves: its links, its process and the profile it applied."""
-    show = node_exec(sim, node, "systemctl show vllm@gpu0 -p MainPID -p NRestarts -p ActiveState")
-    return {
-        "current": node_exec(sim, node, "basename $(readlink /opt/vllm-fleet/current)"),
-        "known_good": node_exec(sim, node, "basename $(readlink /opt/vllm-fleet/known-good)"),
-        "profile": json.loads(node_exec(sim, node, "cat /etc/vllm-fleet/profile.json") or "{}").get("name"),
-        **dict(line.split("=", 1) for line in show.splitlines()),
-    }
 
 
 def fleet_state(sim: SimFleet) -> dict:
     return {node: state(sim, node) for node in NODES}
-
-
-def report(sim: SimFleet, node: str) -> dict | None:
-    path = sim.directory / "reports" / "rollout" / f"{node}.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def clear_reports(sim: SimFleet) -> None:
-    for path in (sim.directory / "reports" / "rollout").glob("*.json"):
-        path.unlink()
 
 
 def test_provisioned_fleet_serves_the_pre_fix_release(fleet):
@@ -186,70 +146,6 @@ def test_rerun_on_the_converged_fleet_changes_nothing(fleet):
     assert fleet_state(fleet) == before
     assert {report(fleet, n)["status"] for n in NODES} == {"skipped"}
     assert "soak progress" not in run.output
-
-
-def test_wedge_during_the_canary_soak_fails_the_gate(fleet, tmp_path):
-    clear_reports(fleet)
-    wedged = dict(NVFP4, name="nvfp4-wedge-test", serve_args={**NVFP4["serve_args"], "max-num-seqs": 64})
-
-    def wedge_when_the_soak_runs():
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if node_exec(fleet, "node01", "ls /opt/vllm-fleet/current/soak/*/progress.jsonl 2>/dev/null"):
-                node_exec(fleet, "node01", "systemctl kill -s SIGUSR1 vllm@gpu0")
-                return
-            time.sleep(0.5)
-
-    injector = threading.Thread(target=wedge_when_the_soak_runs, daemon=True)
-    # Only soaks that start in this test count: move the old ones aside.
-    node_exec(fleet, "node01", "mkdir -p /root/old-soaks && mv /opt/vllm-fleet/current/soak/* /root/old-soaks/ || true")
-    injector.start()
-    code, output, summary, junit = vllm_fleet(
-        tmp_path, "rollout", "-i", str(fleet.inventory), "--limit", "canary",
-        "-e", json.dumps({"vllm_fleet_release": FIXED, "vllm_fleet_profile": wedged,
-                          "vllm_fleet_accepted_risks": [EXIT0]}), timeout=1200)
-    injector.join(timeout=10)
-
-    assert code == 4, output[-4000:]  # the soak gate failed
-    assert (summary["outcome"], summary["exit_code"]) == ("gate_failed", 4)
-    canary = summary["hosts"]["node01"]
-    assert (canary["status"], canary["soak_verdict"]) == ("rolled_back", "failed"), canary
-    assert "wedge" in (canary["message"] or ""), canary
-    kept = json.loads((Path(summary["artifacts"]) / "reports" / "rollout" / "node01.json").read_text())
-    assert any("wedge" in reason for reason in kept["soak"]["reasons"]), kept["soak"]["reasons"]
-    assert set(kept["marks"]) == {"started", "drained", "ready"}  # it never reached a verdict mark
-    st = state(fleet, "node01")
-    assert (st["current"], st["profile"], st["ActiveState"]) == (FIXED_ID, NVFP4["name"], "active")
-
-
-def test_interrupted_rollout_run_again_finishes_without_redoing_finished_nodes(fleet):
-    clear_reports(fleet)
-    target = dict(NVFP4, name="nvfp4-seqs-96", serve_args={**NVFP4["serve_args"], "max-num-seqs": 96})
-    env_cmd = [str(Path(os.sys.executable).parent / "ansible-playbook"), "-i", str(fleet.inventory), "rollout.yml",
-               "-e", json.dumps({"vllm_fleet_release": FIXED, "vllm_fleet_profile": target,
-                                 "vllm_fleet_accepted_risks": [EXIT0],
-                                 "vllm_fleet_report_dir": str(fleet.directory / "reports")})]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-           "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections")}
-    proc = subprocess.Popen(env_cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and not (report(fleet, "node01") or {}).get("status") == "upgraded":
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)  # the controller dies mid-rollout
-    proc.wait()
-    canary_after_first = state(fleet, "node01")
-    assert report(fleet, "node01")["status"] == "upgraded"
-
-    # The rest in one batch: this test is about what is skipped; batch order is tested above.
-    run = play(fleet, "rollout.yml", release=FIXED, profile_=target, accept=[EXIT0],
-               vllm_fleet_rollout_batches=[len(NODES) - 1])
-
-    assert run.rc == 0, run.output[-4000:]
-    assert report(fleet, "node01")["status"] == "skipped"
-    assert state(fleet, "node01") == canary_after_first  # no restart, no second soak
-    for node in NODES:
-        assert state(fleet, node)["profile"] == "nvfp4-seqs-96", node
 
 
 def test_rollback_returns_a_node_on_an_unproven_release_to_its_known_good_one(fleet, tmp_path):
