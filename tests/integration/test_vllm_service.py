@@ -1,7 +1,8 @@
 """The vllm_service role on a simulated two-GPU sm_120 node: the stand-in vLLM serving under
 the real systemd units (one instance per GPU), engine death and restart, pre-staging, cutover
 (gated by the catalogue), the stand-in's CUDA crash on the pre-fix release, rollback, an
-instance that cannot start, and bad profiles refused before anything changes.
+instance that cannot start, and bad profiles refused before anything changes; the API key's one
+way to vLLM, and nowhere else (command lines, units, the journal, the plays' output).
 
 One node serves the whole module (setting it up costs a release install and a model "load";
 every test leaves it serving release A). Tests that change what it serves put it back.
@@ -20,7 +21,7 @@ import pytest
 
 from tests.fixtures.simnode import simnode
 from tests.integration.conftest import PREFIX
-from tests.integration.playbook import ansible_playbook
+from tests.integration.playbook import Run, ansible_playbook
 
 ROOT = "/opt/vllm-fleet"
 UNIT = "vllm@gpu0.service"
@@ -66,6 +67,18 @@ VARS = {
     "vllm_fleet_service_ready_delay": 1,
     "vllm_fleet_profile": PROFILE,
 }
+KEY_FILE = "/etc/vllm-fleet/api-key.env"
+# Where plays, units and instances write on the node: searched for the key (not the image's /usr).
+WRITABLE = "/etc /opt /var /srv /tmp /root /run /home /usr/local"
+PROCS = """import json, pathlib, sys
+out = {}
+for proc in pathlib.Path("/proc").glob("[0-9]*"):
+    try:
+        out[proc.name] = proc.joinpath(sys.argv[1]).read_bytes().decode(errors="replace").split("\\0")[:-1]
+    except OSError:  # gone meanwhile, or not the user's
+        pass
+print(json.dumps(out))
+"""
 # What a bad profile run must leave untouched.
 WATCHED = f"/etc/vllm-fleet /etc/systemd/system /etc/passwd /etc/group {ROOT}"
 
@@ -75,12 +88,16 @@ class Served:
 
     def __init__(self, node: simnode.Node, inventory: Path):
         self.node, self.inventory = node, inventory
+        # Every play run against the node, as (playbook:entry, run): the last test searches
+        # all their output for the API key.
+        self.runs: list[tuple[str, Run]] = []
 
-    def play(self, playbook: str, entry: str = "main", **extra):
+    def play(self, playbook: str, entry: str = "main", flags: tuple[str, ...] = (), **extra):
         started = time.monotonic()
-        run = ansible_playbook(str(PLAYBOOKS / playbook), self.inventory, "-e", f"entry={entry}",
+        run = ansible_playbook(str(PLAYBOOKS / playbook), self.inventory, "-e", f"entry={entry}", *flags,
                                extra_vars={**VARS, **extra}, timeout=400)
         run.seconds = time.monotonic() - started
+        self.runs.append((f"{playbook}:{entry}", run))
         return run
 
     def sh(self, cmd: str) -> str:
@@ -112,6 +129,14 @@ class Served:
 
     def loaded_cudnn(self, unit: str = UNIT) -> str:
         return re.search(r"cuDNN (\d+)", self.loaded(unit)).group(1)
+
+    def procs(self, name: str, user: str = "root") -> dict[int, list[str]]:
+        """/proc/<pid>/<name> (cmdline, environ) of every process on the node that user may read,
+        split at its NULs."""
+        as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups"] if user != "root" else []
+        result = self.node.exec([*as_user, "python3", "-", name], input=PROCS)
+        assert result.returncode == 0, result.stderr
+        return {int(pid): items for pid, items in json.loads(result.stdout).items()}
 
     def journal(self, lines: int = 80, unit: str = UNIT) -> str:
         return self.node.exec(f"journalctl --no-pager -n {lines} -u {unit}").stdout
@@ -212,6 +237,55 @@ def test_systemd_analyze_security_exposure(served, record_property):
     record_property("exposure", exposure)
     print(f"\nsystemd-analyze security {UNIT}: exposure {exposure}; open: {', '.join(still_open)}")
     assert 0 < exposure < 5, out  # a sanity bound; the figure is reported, not gated
+
+
+# --- the API key ------------------------------------------------------------------------------
+# Its one way to vLLM: a root-only file that systemd reads before dropping privileges, then the
+# instance's environment (VLLM_API_KEY). Never a command line, a unit, a log line or play output.
+
+def with_key(text: str) -> list[str]:
+    """The lines of text that hold the API key."""
+    return [line for line in text.splitlines() if KEY in line]
+
+
+def test_the_api_key_reaches_vllm_only_through_its_root_only_file(served):
+    # root:root 0600, in a directory the service group may only enter: the vllm user cannot read it.
+    assert served.sh(f"stat -c '%U:%G %a' /etc/vllm-fleet {KEY_FILE}").splitlines() == \
+        ["root:vllm 750", "root:root 600"]
+    denied = served.node.exec(f"setpriv --reuid=vllm --regid=vllm --init-groups cat {KEY_FILE}")
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied
+    assert with_key(served.sh(f"cat {KEY_FILE}")) == [f'VLLM_API_KEY="{KEY}"']
+    # The only file that holds it (the pattern goes to grep on stdin, not on its command line).
+    found = served.node.exec(f"grep -rlsF -D skip -f - {WRITABLE}", input=f"{KEY}\n")
+    assert found.stdout.split() == [KEY_FILE], found
+
+    # In each instance's environment, as systemd handed it over (the container's root lacks
+    # CAP_SYS_PTRACE: the vllm user reads its own); on no process's command line.
+    cmdlines, environs = served.procs("cmdline"), served.procs("environ", user="vllm")
+    for unit in (UNIT, UNIT1):
+        pid = int(served.unit(unit)["MainPID"])
+        assert "--config" in cmdlines[pid] and f"VLLM_API_KEY={KEY}" in environs[pid], cmdlines[pid]
+    assert [args for args in cmdlines.values() if KEY in " ".join(args)] == []
+
+    # The unit names the file, not the key; `systemctl show` lists Environment= values (a key
+    # set there would show) but not the contents of an EnvironmentFile=.
+    for unit in (UNIT, UNIT1):
+        shown = served.sh(f"systemctl show {unit}")
+        assert f"EnvironmentFiles={KEY_FILE} (ignore_errors=no)" in shown.splitlines(), shown
+        assert re.search(r"^Environment=.*\bHOME=", shown, re.MULTILINE), shown
+        assert with_key(shown) == [] and with_key(served.sh(f"systemctl cat {unit}")) == []
+
+
+def test_a_verbose_rerun_shows_no_key_and_changes_nothing(served):
+    """At -vvv Ansible prints each task's module arguments and result unless no_log hides them:
+    the tasks that handle the key (its file, the authenticated readiness requests) must."""
+    run = served.play("service.yml", flags=("-vvv",))
+    assert run.rc == 0 and re.search(r"svc\s+:.*changed=0", run.output), run.output[-3000:]
+    # Verbose indeed: module arguments and rendered files (gpu0.env) are in the output ...
+    assert "module_args:" in run.output and 'CUDA_VISIBLE_DEVICES="0"' in run.output
+    # ... and the key's tasks ran, censored.
+    assert "(censored due to no_log)" in run.output and "hidden due to the fact that" in run.output
+    assert with_key(run.output) == []
 
 
 # --- the service ------------------------------------------------------------------------------
@@ -391,3 +465,17 @@ def test_a_bad_profile_fails_before_any_file_changes(served, case, serve_args, e
     assert "Traceback" not in run.output
     assert served.sh(f"find {WATCHED} -newer /tmp/before-bad-profile") == ""
     assert served.units() == before
+
+
+# --- last: what every test above logged and printed -------------------------------------------
+
+def test_the_api_key_is_in_no_journal_entry_and_no_play_output(served):
+    journal = served.sh("journalctl --no-pager -o cat")
+    # Every field of every entry (_CMDLINE=, systemd's messages about units), blobs in full.
+    fields = served.sh("journalctl --no-pager -o verbose --all")
+    assert "_CMDLINE=" in fields and "Started vllm@gpu0.service" in journal
+    assert with_key(journal) == [] and with_key(fields) == []
+
+    assert {"stage.yml:main", "service.yml:cutover", "service.yml:main", "service.yml:mark_known_good"} <= \
+        {label for label, _ in served.runs}
+    assert {label: with_key(run.output) for label, run in served.runs if KEY in run.output} == {}
