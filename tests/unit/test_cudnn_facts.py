@@ -118,6 +118,7 @@ def test_wheelhouse_holds_the_pin_shape_of_the_real_wheels(wheelhouse):
     assert names == [
         "nvidia_cudnn_cu12-9.19.0.56-py3-none-manylinux_2_17_x86_64.whl",
         "nvidia_cudnn_cu13-9.19.0.56-py3-none-manylinux_2_17_x86_64.whl",
+        "nvidia_cudnn_cu13-9.23.1.21-py3-none-manylinux_2_17_x86_64.whl",
         "nvidia_cudnn_cu13-9.24.0.43-py3-none-manylinux_2_17_x86_64.whl",
         "torch-2.11.0-py3-none-manylinux_2_17_x86_64.whl",
     ]
