@@ -22,6 +22,7 @@ GOOD_CUDNN = {**BAD_CUDNN, "cudnn": "9.24.0.43"}
 def vllm_fleet(tmp_path: Path, *args: str, timeout: float = 600):
     """Run the console script from a directory outside the checkout; return
     (exit code, output, summary, junit root). Artifacts go to tmp_path/run."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cmd = [str(CLI), *args, "--artifacts", str(tmp_path / "run"),
            "--json", str(tmp_path / "out" / "summary.json"), "--junit", str(tmp_path / "out" / "junit.xml")]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)

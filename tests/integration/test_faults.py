@@ -272,6 +272,7 @@ def test_a_node_unreachable_midway_halts_the_rollout_and_a_rerun_finishes_it(fle
 
 def test_a_wedge_during_the_canary_soak_fails_the_gate_and_a_rerun_passes(fleet, tmp_path):
     target = seqs(64)
+    before = state(fleet, "node01")
     injector = during_the_next_soak(fleet, "node01", lambda: node_exec(
         fleet, "node01", "systemctl kill -s SIGUSR1 vllm@gpu0"))  # the engine stops making progress
     plan = ["-e", json.dumps({"vllm_fleet_release": FIXED, "vllm_fleet_profile": target,
@@ -290,7 +291,7 @@ def test_a_wedge_during_the_canary_soak_fails_the_gate_and_a_rerun_passes(fleet,
     assert any("wedge" in reason for reason in kept["soak"]["reasons"]), kept["soak"]["reasons"]
     assert set(kept["marks"]) == {"started", "drained", "ready"}  # it never reached a verdict mark
     assert watch.most_out == 1
-    assert_serves(fleet, "node01", FIXED_ID, "nvfp4-seqs-72")
+    assert_serves(fleet, "node01", before["known_good"], before["profile"])
 
     # The wedge was a one-off: the same plan again passes.
     code, output, summary, junit = vllm_fleet(tmp_path / "again", "rollout", "-i", str(fleet.inventory),
