@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -229,33 +230,36 @@ def test_haproxy_unreachable_halts_the_turn_without_touching_the_node(fleet):
                      serving={"node01": (FIXED_ID, "nvfp4-seqs-80")})
 
 
-def during_the_next_soak(sim: SimFleet, node: str, action) -> threading.Thread:
-    """Run action() once a new soak starts on node (its run directory appears)."""
+@contextmanager
+def during_the_next_soak(sim: SimFleet, node: str, action):
+    """Run action() once a new soak starts on node (its run directory appears), at most
+    until the block ends: a fault meant for this test never lands in the next one."""
     count = "ls /opt/vllm-fleet/current/soak/ 2>/dev/null | wc -l"
-    before = node_exec(sim, node, count)
+    before, done = node_exec(sim, node, count), threading.Event()
 
     def wait_then_act():
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
+        while not done.wait(0.5):
             if node_exec(sim, node, count) != before:
                 action()
                 return
-            time.sleep(0.5)
 
     thread = threading.Thread(target=wait_then_act, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=70)
 
 
 def test_a_node_unreachable_midway_halts_the_rollout_and_a_rerun_finishes_it(fleet):
     target = seqs(72)
     node02_before = state(fleet, "node02")
-    injector = during_the_next_soak(fleet, "node01", lambda: subprocess.run(
-        ["podman", "pause", fleet.prefix + "node02"], check=True, timeout=60))  # Ansible: UNREACHABLE
+    pause = ["podman", "pause", fleet.prefix + "node02"]  # Ansible: UNREACHABLE
     try:
-        run, most_out = rollout(fleet, release=FIXED, profile_=target)
+        with during_the_next_soak(fleet, "node01", lambda: subprocess.run(pause, check=True, timeout=60)):
+            run, most_out = rollout(fleet, release=FIXED, profile_=target)
     finally:
-        injector.join(timeout=10)
         subprocess.run(["podman", "unpause", fleet.prefix + "node02"], timeout=60)
 
     assert run.rc != 0
@@ -273,14 +277,13 @@ def test_a_node_unreachable_midway_halts_the_rollout_and_a_rerun_finishes_it(fle
 def test_a_wedge_during_the_canary_soak_fails_the_gate_and_a_rerun_passes(fleet, tmp_path):
     target = seqs(64)
     before = state(fleet, "node01")
-    injector = during_the_next_soak(fleet, "node01", lambda: node_exec(
-        fleet, "node01", "systemctl kill -s SIGUSR1 vllm@gpu0"))  # the engine stops making progress
+    wedge = "systemctl kill -s SIGUSR1 vllm@gpu0"  # the engine stops making progress
     plan = ["-e", json.dumps({"vllm_fleet_release": FIXED, "vllm_fleet_profile": target,
                               "vllm_fleet_accepted_risks": [EXIT0]})]
-    with LoadBalancerWatch(fleet) as watch:
+    with during_the_next_soak(fleet, "node01", lambda: node_exec(fleet, "node01", wedge)), \
+            LoadBalancerWatch(fleet) as watch:
         code, output, summary, junit = vllm_fleet(tmp_path / "wedged", "rollout", "-i", str(fleet.inventory),
                                                   "--limit", "canary", *plan, timeout=1200)
-    injector.join(timeout=10)
 
     assert code == 4, output[-4000:]  # the soak gate failed
     assert (summary["outcome"], summary["exit_code"]) == ("gate_failed", 4)
