@@ -198,12 +198,17 @@ def collect_cudnn_facts(venv: str, timeout: int = 60, run=subprocess.run) -> dic
     if "vllm" in installed:
         facts["vllm_version"] = installed["vllm"]["version"]
 
-    _judge(facts, wheel)
+    _judge(facts)
     return facts
 
 
-def _judge(facts: dict, wheel: dict | None) -> None:
-    """Fill effective_version, mismatch and status from what the probes found."""
+def _judge(facts: dict) -> None:
+    """Fill effective_version, mismatch and status from what the probes found.
+
+    Every cuDNN wheel counts: cu12 and cu13 share nvidia/cudnn/lib, so the library is
+    whichever was installed last, and comparing only one wheel would make the verdict
+    depend on the install order."""
+    wheel = facts["wheels"][0] if facts["wheels"] else None
     # (source, M.m.p, what it says), in the order that effective_version prefers.
     known = []
     if facts["torch_cudnn_version"]:
@@ -212,9 +217,9 @@ def _judge(facts: dict, wheel: dict | None) -> None:
     if facts["library_version"]:
         version = facts["library_version"]
         known.append(("library", version, f"{LIBRARY} reports {version}"))
-    if wheel:
-        release = release_string(wheel["version"], f"{wheel['name']} version")
-        known.append(("wheel", release, f"the {wheel['name']} wheel is {wheel['version']}"))
+    for each in facts["wheels"]:
+        release = release_string(each["version"], f"{each['name']} version")
+        known.append(("wheel", release, f"the {each['name']} wheel is {each['version']}"))
 
     venv = facts["venv"]
     if not known:
@@ -234,7 +239,9 @@ def _judge(facts: dict, wheel: dict | None) -> None:
         "wheel": f"the wheel's version; {facts['library_error'] or f'the wheel has no {LIBRARY}'}",
     }[source]
     if facts["mismatch"]:
-        facts["mismatch_detail"] = "cuDNN versions disagree: " + ", ".join(said for _, _, said in reversed(known)) + "."
+        # The wheels first (in CUDNN_WHEELS order), then the library, then torch.
+        said = [s for src, _, s in known if src == "wheel"] + [s for src, _, s in reversed(known) if src != "wheel"]
+        facts["mismatch_detail"] = "cuDNN versions disagree: " + ", ".join(said) + "."
         facts["status"] = "mismatch"
         facts["message"] = f"{facts['mismatch_detail']} Effective in {venv}: cuDNN {effective} ({how})."
     elif source != "torch":

@@ -263,8 +263,23 @@ def test_cu12_wheel_overwriting_the_cu13_override_is_a_mismatch(make_venv):
     assert facts["library_version"] == facts["torch_cudnn_version"] == facts["effective_version"] == "9.19.0"
     assert (facts["status"], facts["mismatch"]) == ("mismatch", True)
     assert facts["mismatch_detail"] == (
-        "cuDNN versions disagree: the nvidia-cudnn-cu13 wheel is 9.24.0.43, "
-        "libcudnn.so.9 reports 9.19.0, torch 2.11.0 loads cuDNN 9.19.0."
+        "cuDNN versions disagree: the nvidia-cudnn-cu13 wheel is 9.24.0.43, the nvidia-cudnn-cu12 wheel is "
+        "9.19.0.56, libcudnn.so.9 reports 9.19.0, torch 2.11.0 loads cuDNN 9.19.0."
+    )
+
+
+def test_cu13_override_installed_after_cu12_is_still_a_mismatch(make_venv):
+    # The other install order: the library and torch now agree with the cu13 wheel, but
+    # the cu12 wheel's metadata still says 9.19.0.56 over the same nvidia/cudnn/lib.
+    venv = make_venv("mixed-cu12-first", "nvidia-cudnn-cu12==9.19.0.56")
+    make_venv.install(venv, "torch==2.11.0", overrides=["nvidia-cudnn-cu13==9.24.0.43"])
+    facts = collect_cudnn_facts(str(venv))
+
+    assert facts["library_version"] == facts["torch_cudnn_version"] == "9.24.0"
+    assert (facts["status"], facts["mismatch"]) == ("mismatch", True)
+    assert facts["mismatch_detail"] == (
+        "cuDNN versions disagree: the nvidia-cudnn-cu13 wheel is 9.24.0.43, the nvidia-cudnn-cu12 wheel is "
+        "9.19.0.56, libcudnn.so.9 reports 9.24.0, torch 2.11.0 loads cuDNN 9.24.0."
     )
 
 
@@ -358,6 +373,25 @@ def test_torch_loading_an_older_cudnn_than_the_wheel(fake_venv):
         "cuDNN versions disagree: the nvidia-cudnn-cu13 wheel is 9.24.0.43, torch 2.11.0 loads cuDNN 9.19.0."
     )
     assert facts["effective_version"] == "9.19.0"
+
+
+def test_two_wheels_at_the_same_release_agree(fake_venv):
+    # Negative control for the every-wheel comparison: cu12 and cu13 of one release are no mismatch.
+    listing = json.loads(LISTING)
+    listing["nvidia-cudnn-cu12"] = {"version": "9.24.0.43", "library_path": "/x/libcudnn.so.9"}
+    facts = collect_cudnn_facts(str(fake_venv), run=FakeRun((0, json.dumps(listing))))
+
+    assert [w["name"] for w in facts["wheels"]] == ["nvidia-cudnn-cu13", "nvidia-cudnn-cu12"]
+    assert (facts["status"], facts["mismatch"], facts["mismatch_detail"]) == ("ok", False, None)
+
+
+def test_two_wheels_that_disagree_are_a_mismatch_whatever_the_library_says(fake_venv):
+    listing = json.loads(LISTING)
+    listing["nvidia-cudnn-cu12"] = {"version": "9.19.0.56", "library_path": "/x/libcudnn.so.9"}
+    facts = collect_cudnn_facts(str(fake_venv), run=FakeRun((0, json.dumps(listing))))
+
+    assert (facts["status"], facts["mismatch"], facts["effective_version"]) == ("mismatch", True, "9.24.0")
+    assert "the nvidia-cudnn-cu12 wheel is 9.19.0.56" in facts["mismatch_detail"]
 
 
 def test_hung_torch_probe_times_out(fake_venv):
