@@ -1,6 +1,8 @@
 """The known-issues catalogue: the shipped data, its validation, evaluation and the verdict."""
 
 import copy
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,33 @@ def test_shipped_catalogue_validates_and_has_the_required_entries():
     severity = {e.id: e.severity for e in ENTRIES}
     assert [k for k, v in severity.items() if v == "warning"] == [EAGER, B12X, EXIT0]
     assert all(e.evidence for e in ENTRIES)
+
+
+# Where an evidence line may come from: this fleet's own dump, measurements and notes, or a
+# named upstream source that was read. Preflight prints these lines to operators.
+EVIDENCE_SOURCE = re.compile(r"(This fleet's [^:]+|vLLM issue #\d+|Upstream vLLM [^:]+|vLLM source, [^:]+|NVML API): \S")
+
+
+def unsourced(entries):
+    return [(e.id, line) for e in entries for line in e.evidence if not EVIDENCE_SOURCE.match(line)]
+
+
+def test_every_evidence_line_says_where_it_comes_from():
+    assert unsourced(ENTRIES) == []
+    # Negative control: a bare claim is caught.
+    bare = dataclasses.replace(ENTRIES[0], evidence=("cuDNN 9.23.1 fixed it.",))
+    assert unsourced([bare]) == [(CUDNN, "cuDNN 9.23.1 fixed it.")]
+
+
+def test_catalogue_texts_claim_only_what_is_known():
+    cudnn = next(e for e in ENTRIES if e.id == CUDNN)
+    texts = [cudnn.symptom, cudnn.fix, *cudnn.evidence]
+    # The dump showed a store past the kernel's shared memory, not past a number of bytes.
+    assert "stores past its shared memory" in cudnn.symptom and "99 KB" not in " ".join(texts)
+    # No release note was read: none may be cited as a source.
+    for entry in ENTRIES:
+        for line in entry.evidence:
+            assert "release notes" not in line.lower() or "were not read" in line, (entry.id, line)
 
 
 def test_stable_profile_on_sm120_has_no_blocker():
