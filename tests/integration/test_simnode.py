@@ -5,6 +5,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import yaml
+
 from tests.fixtures.simnode import simnode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +40,7 @@ def test_systemd_is_pid1_and_running(sim_nodes):
     assert node.boot_seconds < 15, f"boot took {node.boot_seconds:.1f} s"
 
 
-def test_ansible_reaches_nodes_through_podman(sim_nodes, tmp_path):
+def test_ansible_reaches_nodes_over_ssh_with_their_own_host_keys(sim_nodes, tmp_path):
     nodes = sim_nodes({"canary1": None, "node2": None})
     inventory = simnode.write_inventory(nodes, tmp_path / "hosts.yml",
                                         groups={"canary": ["canary1"], "fleet": ["node2"]})
@@ -49,6 +51,27 @@ def test_ansible_reaches_nodes_through_podman(sim_nodes, tmp_path):
     facts = ansible(inventory, "-m", "ansible.builtin.setup", "-a", "filter=ansible_service_mgr")
     assert {host: r["ansible_facts"]["ansible_service_mgr"] for host, r in facts.items()} == {
         "canary1": "systemd", "node2": "systemd"}
+
+    # Each node made its own host key at boot; Ansible checked it against known_hosts.
+    access = nodes[0].access
+    keys = {line.split()[0]: line.split()[2] for line in access.known_hosts.read_text().splitlines()}
+    assert len({keys[f"[127.0.0.1]:{n.ssh_port}"] for n in nodes}) == 2
+    for node in nodes:
+        shown = node.exec(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout.split()[1]
+        assert shown == keys[f"[127.0.0.1]:{node.ssh_port}"]
+
+    # Negative control: node2 answering with canary1's key is refused, not trusted.
+    forged = tmp_path / "forged_known_hosts"
+    forged.write_text(f"[127.0.0.1]:{nodes[1].ssh_port} ssh-ed25519 {keys[f'[127.0.0.1]:{nodes[0].ssh_port}']}\n")
+    bad = yaml.safe_load(inventory.read_text())
+    bad["all"]["hosts"]["node2"]["ansible_ssh_common_args"] = (
+        f"-o UserKnownHostsFile={forged} -o StrictHostKeyChecking=yes -o ControlPath=none")
+    (tmp_path / "forged.yml").write_text(yaml.safe_dump(bad))
+    proc = subprocess.run([str(ANSIBLE), "node2", "-i", str(tmp_path / "forged.yml"), "-m", "ansible.builtin.ping"],
+                          cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "UNREACHABLE" in proc.stdout and "Host key verification failed" in proc.stdout + proc.stderr, proc.stdout
 
 
 def test_transient_unit_logs_to_journal(sim_nodes):
