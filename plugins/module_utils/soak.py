@@ -33,12 +33,15 @@ from datetime import datetime, timezone
 # The Prometheus parser and the notion of progress, shared with the node watchdog; the
 # parser stays importable from here (vllm_metrics, older callers).
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import (  # noqa: F401
+    SERIES,
     EngineMetrics,
     http_get,
     in_flight,
+    incomplete_message,
     int_or_none,
     metric_max,
     metric_sum,
+    missing_metrics,
     parse_prometheus,
     parse_systemctl_show,
     progress_marker,
@@ -77,6 +80,7 @@ PERF_METRICS = {
     "p99_itl_ms": ("lower", 0.20),
     "kv_cache_peak": ("lower_abs", 0.05),
 }
+THROUGHPUT_KEYS = ("total_token_throughput", "output_throughput", "request_throughput")
 PERF_UNITS = {"kv_cache_peak": "", "total_token_throughput": " tokens/s", "output_throughput": " tokens/s",
               "request_throughput": " req/s"}
 
@@ -144,6 +148,7 @@ class Sample:
     kv_usage: float | None = None
     success_total: float | None = None
     preemptions: float | None = None
+    finished: float | None = None  # requests the engine finished (not aborted): vllm_progress
     journal: list = field(default_factory=list)  # JournalLine, new since the last tick
 
     @classmethod
@@ -157,8 +162,7 @@ class Sample:
             sample.active_state = systemd.get("ActiveState") or None
         if metrics_text is not None:
             metrics = EngineMetrics.from_text(metrics_text)
-            for name in ("running", "waiting", "generation_tokens", "prompt_tokens", "kv_usage", "success_total",
-                         "preemptions"):
+            for name in (*SERIES, "finished"):
                 setattr(sample, name, getattr(metrics, name))
         return sample
 
@@ -172,9 +176,14 @@ class Sample:
 
     @property
     def progress_marker(self) -> tuple | None:
-        """Everything that moves while the engine makes progress (``vllm_progress``: the
-        same notion as the node watchdog's; generated tokens alone are not enough)."""
+        """Generated tokens and finished requests (``vllm_progress``: the same notion as
+        the node watchdog's)."""
         return progress_marker(self)
+
+    @property
+    def missing(self) -> list[str]:
+        """The series judging progress needs that this tick's /metrics lacked."""
+        return missing_metrics(self)
 
 
 # --------------------------------------------------------------------------- the monitor
@@ -200,9 +209,13 @@ class Monitor:
       ``/health`` answered 503 or refused the connection, or a journal line matched one of
       the CUDA patterns. The signals of one engine death arrive over a few ticks (CUDA
       line, 503, exit, restart): they are one crash until the service is healthy again.
-    * wedge: requests in flight and no progress (``Sample.progress_marker``) for
-      ``wedge_window_s`` while ``/health`` says 200 -- or while ``/health`` and ``/metrics``
-      stop answering at all (a hung server). Never when idle.
+    * wedge: requests in flight and no progress (``Sample.progress_marker``: generated
+      tokens, finished requests) for ``wedge_window_s`` while ``/health`` says 200 -- or
+      while ``/health`` and ``/metrics`` stop answering at all (a hung server). Never when
+      idle. In flight rising while nothing is generated (clients retrying) is part of the
+      evidence, never progress.
+    * metrics_incomplete: ``/metrics`` answers without a series the judgement needs
+      (``vllm_progress.missing_metrics``): a wedge cannot be told from idle.
     * failed_requests: the load generator's failed requests exceed ``max_failed_requests``.
 
     It keeps counting after a failure: the soak stops at the first one (fail fast), a bake
@@ -216,6 +229,7 @@ class Monitor:
         self.wedges: list[dict] = []
         self.failed_requests = 0
         self.failed_request_errors: list[str] = []
+        self.metrics_incomplete: list[str] = []  # the missing series, from the first tick that lacked them
         self.events: list[dict] = []
         self.samples = 0
         self.kv_peak: float | None = None
@@ -227,6 +241,7 @@ class Monitor:
         self._down = False  # inside a crash, until healthy again
         self._last_progress_t = 0.0
         self._last_marker = None
+        self._flat_in_flight: float | None = None  # in flight when progress was last seen
         self._wedged = False
         self._window: deque = deque()  # (elapsed, cumulative prompt + generation tokens)
         self._tokens_offset = 0.0  # counters restart at 0 with a new process
@@ -241,6 +256,8 @@ class Monitor:
             return "crash"
         if self.wedges:
             return "wedge"
+        if self.metrics_incomplete:
+            return "metrics_incomplete"
         if self.failed_requests > self.config.max_failed_requests:
             return "failed_requests"
         return None
@@ -300,6 +317,10 @@ class Monitor:
         if healthy and not self._down:
             self._ref_pid, self._ref_restarts = sample.main_pid, sample.n_restarts
 
+        if healthy and sample.missing and not self.metrics_incomplete:
+            self.metrics_incomplete = sample.missing
+            new.append({"kind": "metrics_incomplete", "elapsed_s": round(sample.elapsed_s, 3),
+                        "missing": sample.missing, "evidence": incomplete_message(sample.missing)})
         wedge = self._check_wedge(sample)
         if wedge:
             new.append(wedge)
@@ -436,7 +457,8 @@ class Monitor:
         silent = sample.health is None and sample.health_error == "timeout" and not sample.metrics_ok
         marker = sample.progress_marker
         in_flight = sample.in_flight
-        if self._down or not (healthy or silent) or (healthy and marker is None) or in_flight == 0:
+        if self._down or not (healthy or silent) or (healthy and (marker is None or sample.missing)) \
+                or in_flight == 0:
             self._reset_wedge(sample)
             return None
         if marker is not None and marker != self._last_marker:
@@ -450,9 +472,11 @@ class Monitor:
             evidence = (f"/health and /metrics have not answered for {flat_for:.0f} s "
                         f"(threshold {self.config.wedge_window_s:g} s): the server hangs")
         else:
-            evidence = (f"{in_flight:g} request(s) in flight and no progress for {flat_for:.0f} s "
-                        f"(vllm:generation_tokens_total flat at {sample.generation_tokens:g}, prompt tokens and "
-                        f"KV cache unchanged) while /health answers 200")
+            rising = (f" (rising from {self._flat_in_flight:g})" if self._flat_in_flight is not None
+                      and in_flight > self._flat_in_flight else "")
+            evidence = (f"{in_flight:g} request(s) in flight{rising} and no progress for {flat_for:.0f} s "
+                        f"(vllm:generation_tokens_total flat at {sample.generation_tokens:g}, no request finished) "
+                        f"while /health answers 200")
         wedge = {
             "kind": "unresponsive" if silent else "no_progress",
             "elapsed_s": round(sample.elapsed_s, 3),
@@ -463,6 +487,7 @@ class Monitor:
             "running": sample.running,
             "waiting": sample.waiting,
             "generation_tokens": sample.generation_tokens,
+            "in_flight_at_last_progress": self._flat_in_flight,
             "evidence": evidence,
         }
         self.wedges.append(wedge)
@@ -471,6 +496,7 @@ class Monitor:
     def _reset_wedge(self, sample: Sample) -> None:
         self._last_progress_t = sample.elapsed_s
         self._last_marker = sample.progress_marker
+        self._flat_in_flight = sample.in_flight
         self._wedged = False
 
     def _count_tokens(self, sample: Sample) -> None:
@@ -556,6 +582,12 @@ def aggregate_bench(results: list[dict]) -> dict | None:
         "output_throughput": out_tokens / duration,
         "total_token_throughput": (in_tokens + out_tokens) / duration,
     }
+    # What the bench itself reported, duration-weighted across runs: kept beside the totals
+    # above (which the gate judges) so that a disagreement shows.
+    for key in THROUGHPUT_KEYS:
+        reported = [(r[key], r["duration"]) for r in runs if isinstance(r.get(key), (int, float))]
+        if reported:
+            agg[f"reported_{key}"] = sum(v * d for v, d in reported) / sum(d for _, d in reported)
     keys = {k for r in runs for k in r if re.match(r"(mean|median|p[0-9.]+)_[a-z]+_ms\Z", k)}
     for key in sorted(keys):
         values = [(r[key], int(r.get("completed") or 0)) for r in runs if isinstance(r.get(key), (int, float))]
@@ -663,8 +695,13 @@ def required_minutes(target_mtbf_hours: float, confidence: float = 0.95, crashes
     return poisson_upper_mean(crashes, confidence) * target_mtbf_hours * 60
 
 
-def proof(crashes: int, minutes: float, confidence: float = 0.95, target_mtbf_hours: float | None = None) -> dict:
-    """What a soak of ``minutes`` with ``crashes`` crashes shows about the crash rate."""
+def proof(crashes: int, minutes: float, confidence: float = 0.95, target_mtbf_hours: float | None = None,
+          failure: str | None = None) -> dict:
+    """What a soak of ``minutes`` with ``crashes`` crashes shows about the crash rate.
+
+    ``failure``: why the soak failed. A failed soak proves nothing (a wedged engine does
+    not crash, and minutes without load are no evidence): no statement, long_enough false,
+    ``not_proved`` says why."""
     pct = f"{confidence * 100:g}%"
     rate = crash_rate_upper(crashes, minutes, confidence)
     mtbf_h = (1 / rate / 60) if rate else None
@@ -686,12 +723,18 @@ def proof(crashes: int, minutes: float, confidence: float = 0.95, target_mtbf_ho
                 else f"{crashes} crash(es) in {minutes:.1f} min")
         out["statement"] = (f"{head} of load: the crash rate is below {rate:.4g}/min "
                             f"(MTBF above {mtbf_h:.3g} h) at {pct} confidence.")
+    if failure:
+        out.update(statement=None, crash_rate_upper_per_min=None, mtbf_lower_hours=None, long_enough=False,
+                   not_proved=f"The soak failed ({failure}): it proves nothing about the crash rate.")
     if target_mtbf_hours:
         need = required_minutes(target_mtbf_hours, confidence, 0)
         out["required_minutes"] = math.ceil(need)
         out["remaining_minutes"] = max(0, math.ceil(need - minutes))
-        out["long_enough"] = bool(crashes == 0 and minutes >= need)
-        if crashes:
+        out["long_enough"] = bool(crashes == 0 and minutes >= need and not failure)
+        if failure:
+            out["target_statement"] = (f"A failed soak cannot show MTBF >= {target_mtbf_hours:g} h; after the fix, "
+                                       f"{out['required_minutes']} min without a crash or a wedge would at {pct}.")
+        elif crashes:
             out["target_statement"] = (f"A soak that crashed cannot show MTBF >= {target_mtbf_hours:g} h; after the "
                                        f"fix, {out['required_minutes']} min without a crash would at {pct}.")
         elif out["long_enough"]:
@@ -718,6 +761,8 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
     for wedge in monitor.wedges:
         reasons.append(f"The engine wedged {wedge['since_elapsed_s']:.1f} s into the soak: {wedge['evidence']}.")
     broke = bool(monitor.crashes or monitor.wedges)
+    if monitor.metrics_incomplete and not broke:
+        reasons.append(incomplete_message(monitor.metrics_incomplete) + ".")
     limit = monitor.config.max_failed_requests
     if monitor.failed_requests > limit and not broke:  # failures during a crash are its consequence
         first = f" (first error: {monitor.failed_request_errors[0]})" if monitor.failed_request_errors else ""
@@ -753,9 +798,17 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
         if monitor.samples and monitor.max_in_flight == 0 and monitor.generated_tokens <= 0:
             reasons.append("The server saw no request during the soak: the load never reached it "
                            "(check base_url, model and the load generator's log under bench/).")
-    proved = proof(len(monitor.crashes), elapsed_s / 60, confidence, target_mtbf_hours)
     passed = not reasons
+    # Why it failed, in one word where there is one (crash, wedge, ...), else its first reason.
+    failure = None if passed else (monitor.stop_reason or (stopped if stopped != "completed" else None)
+                                   or reasons[0].rstrip("."))
+    proved = proof(len(monitor.crashes), elapsed_s / 60, confidence, target_mtbf_hours, failure=failure)
+    throughput = {"gate_used": source and ("bench_totals" if source == "bench" else "server_metrics"),
+                  "recomputed": observed.get("total_token_throughput"),
+                  "reported": (agg or {}).get("reported_total_token_throughput")}
     notes = []
+    if proved.get("not_proved"):
+        notes.append(proved["not_proved"])
     if proved.get("target_statement"):
         notes.append(proved["target_statement"])
     if performance["unmeasured"]:
@@ -764,6 +817,11 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
         notes.append("No baseline given: performance was recorded, not judged.")
     if source == "metrics":
         notes.append("No load run finished within the soak: throughput is the server's own count from /metrics.")
+    elif source == "bench":
+        reported = throughput["reported"]
+        notes.append(f"The gate judged throughput recomputed from the load runs' token totals over their duration "
+                     f"({throughput['recomputed']:.4g} tokens/s); the bench reported "
+                     + (f"{reported:.4g} tokens/s." if reported is not None else "no total_token_throughput."))
     summary = (f"Soak passed: {proved['statement']}" if passed
                else f"Soak failed after {elapsed_s:.1f} s: {reasons[0]}")
     out = {
@@ -783,7 +841,9 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
         "performance": performance,
         "kv_cache_peak": monitor.kv_peak,
         "tokens_per_s": (agg or {}).get("total_token_throughput", server_tps),
+        "bench_tokens_per_s": throughput["reported"],
         "server_tokens_per_s": server_tps,
+        "throughput": throughput,
         "load": {"shape": shape or {}, "runs": len(bench_results), "aggregate": agg},
         "proof": proved,
     }

@@ -1,15 +1,20 @@
 """vLLM's Prometheus metrics and the one notion of engine progress the project uses.
 
 Plain Python, stdlib only, no ``ansible`` import, and no import of any other module of the
-collection: the soak gate (``soak.py``, shipped by Ansible) and the node watchdog
-(``watchdog.py``, copied onto the node next to this file) both read it.
+collection: the soak gate (``soak.py``, shipped by Ansible), the node watchdog
+(``watchdog.py``, copied onto the node next to this file) and the ``vllm_metrics`` module
+all read it.
 
 * ``parse_prometheus`` / ``metric_sum`` / ``metric_max``: the text exposition format.
+* ``SERIES`` / ``aggregate``: one aggregation rule per metric across a scrape's
+  ``model_name``/``engine`` label sets.
 * ``EngineMetrics``: the series of one ``/metrics`` answer that say whether the engine works.
-* ``progress_marker``: everything that moves while the engine makes progress. ANY movement
-  counts -- generated tokens, prompt tokens, KV cache usage, finished requests, preemptions
-  -- because a batch of ~81k-token prompts prefills for minutes without generating a token
-  while the KV cache fills. A wedged engine (vLLM answers ``/health`` 200) moves none.
+* ``missing_metrics``: the series a judgement needs that a scrape lacked ("metrics
+  incomplete"), the same rule for the soak and the watchdog.
+* ``progress_marker``: generated tokens and requests the engine finished (stop or length).
+  Nothing else counts: prompt tokens can be counted as requests arrive, and clients that
+  time out and retry keep them (and the queue) moving while a wedged engine generates
+  nothing. A wedged engine (vLLM answers ``/health`` 200) moves neither.
 """
 
 from __future__ import annotations
@@ -19,8 +24,25 @@ import re
 import urllib.error
 from dataclasses import dataclass
 
-# The attributes whose values form the progress marker, in this order.
-PROGRESS_FIELDS = ("generation_tokens", "prompt_tokens", "kv_usage", "success_total", "preemptions")
+# One rule per metric across a scrape's label sets (model_name, engine, finished_reason):
+# counters and queue gauges add up over engines; KV usage is a fraction of each engine's own
+# cache, so the fullest engine is what matters (two engines at 0.43 are not 0.86 full).
+# attribute -> (series, rule)
+SERIES = {
+    "running": ("vllm:num_requests_running", "sum"),
+    "waiting": ("vllm:num_requests_waiting", "sum"),
+    "generation_tokens": ("vllm:generation_tokens_total", "sum"),
+    "prompt_tokens": ("vllm:prompt_tokens_total", "sum"),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "max"),
+    "success_total": ("vllm:request_success_total", "sum"),
+    "preemptions": ("vllm:num_preemptions_total", "sum"),
+}
+# The attributes whose values form the progress marker, in this order: generated tokens and
+# requests finished by the engine (request_success_total less its "abort" label set: a
+# client giving up is not progress).
+PROGRESS_FIELDS = ("generation_tokens", "finished")
+# What judging progress needs: in flight (running + waiting) and generated tokens.
+REQUIRED_FIELDS = ("running", "waiting", "generation_tokens")
 
 
 # --------------------------------------------------------------------------- Prometheus
@@ -90,12 +112,25 @@ def metric_max(series: dict, name: str) -> float | None:
     return max(values) if values else None
 
 
+def aggregate(series: dict, name: str) -> float | None:
+    """``name`` over its label sets by its rule in ``SERIES`` (sum unless listed as max)."""
+    rule = next((r for series_name, r in SERIES.values() if series_name == name), "sum")
+    return metric_max(series, name) if rule == "max" else metric_sum(series, name)
+
+
+def finished_requests(series: dict) -> float | None:
+    """Requests the engine finished (every finished_reason but "abort"); None if absent."""
+    values = [value for labels, value in series.get("vllm:request_success_total", ())
+              if labels.get("finished_reason") != "abort" and not math.isnan(value)]
+    return sum(values) if "vllm:request_success_total" in series else None
+
+
 # --------------------------------------------------------------------------- progress
 
 @dataclass(frozen=True)
 class EngineMetrics:
-    """The load and progress series of one ``/metrics`` answer, each summed over its
-    ``model_name``/``engine`` label sets (KV usage: the fullest engine). None: absent."""
+    """The load and progress series of one ``/metrics`` answer, each aggregated over its
+    label sets by its rule in ``SERIES``; ``finished`` as ``finished_requests``. None: absent."""
 
     running: float | None = None
     waiting: float | None = None
@@ -104,19 +139,13 @@ class EngineMetrics:
     kv_usage: float | None = None
     success_total: float | None = None
     preemptions: float | None = None
+    finished: float | None = None
 
     @classmethod
     def from_text(cls, text: str) -> "EngineMetrics":
         series = parse_prometheus(text)
-        return cls(
-            running=metric_sum(series, "vllm:num_requests_running"),
-            waiting=metric_sum(series, "vllm:num_requests_waiting"),
-            generation_tokens=metric_sum(series, "vllm:generation_tokens_total"),
-            prompt_tokens=metric_sum(series, "vllm:prompt_tokens_total"),
-            kv_usage=metric_max(series, "vllm:kv_cache_usage_perc"),
-            success_total=metric_sum(series, "vllm:request_success_total"),
-            preemptions=metric_sum(series, "vllm:num_preemptions_total"),
-        )
+        return cls(finished=finished_requests(series),
+                   **{attr: aggregate(series, name) for attr, (name, _) in SERIES.items()})
 
     @property
     def in_flight(self) -> float | None:
@@ -126,26 +155,50 @@ class EngineMetrics:
     def progress_marker(self) -> tuple | None:
         return progress_marker(self)
 
+    @property
+    def missing(self) -> list[str]:
+        return missing_metrics(self)
+
+
+def metrics_read(metrics) -> bool:
+    """Whether any series of ``SERIES`` was read at all (else: no metrics, not incomplete ones)."""
+    return any(getattr(metrics, attr) is not None for attr in SERIES)
+
+
+def missing_metrics(metrics) -> list[str]:
+    """The series progress cannot be judged without that a scrape lacked, by name; [] when
+    none lacks, or when nothing was read at all. The soak and the watchdog both report a
+    non-empty answer as "metrics incomplete: <names>" and judge nothing from that scrape."""
+    if not metrics_read(metrics):
+        return []
+    return [SERIES[attr][0] for attr in REQUIRED_FIELDS if getattr(metrics, attr) is None]
+
+
+def incomplete_message(missing: list[str]) -> str:
+    """The one wording of "metrics incomplete", for the soak's verdict and the watchdog's."""
+    return (f"metrics incomplete: {', '.join(missing)} missing from /metrics, so a wedged engine cannot be told "
+            "from an idle one")
+
 
 def in_flight(metrics) -> float | None:
     """Requests running plus waiting of anything with ``running``/``waiting`` attributes;
-    None when neither was read."""
-    if metrics.running is None and metrics.waiting is None:
+    None when either was not read (a missing gauge is unknown, not zero)."""
+    if metrics.running is None or metrics.waiting is None:
         return None
-    return (metrics.running or 0) + (metrics.waiting or 0)
+    return metrics.running + metrics.waiting
 
 
 def progress_marker(metrics) -> tuple | None:
-    """Everything that moves while the engine makes progress, of anything with the
-    ``PROGRESS_FIELDS`` attributes (``EngineMetrics``, the soak's ``Sample``).
+    """Generated tokens and finished requests of anything with the ``PROGRESS_FIELDS``
+    attributes (``EngineMetrics``, the soak's ``Sample``).
 
     None when the metrics were not read (no ``vllm:generation_tokens_total``): no evidence
-    either way. Two markers differ -- any field moved -- exactly when the engine made
-    progress between them (a restarted process starts its counters again, which differs too).
+    either way. Two markers differ exactly when the engine made progress between them (a
+    restarted process starts its counters again, which differs too).
     """
     if metrics.generation_tokens is None:
         return None
-    return tuple(getattr(metrics, name) for name in PROGRESS_FIELDS)
+    return (metrics.generation_tokens, metrics.finished or 0.0)
 
 
 def parse_systemctl_show(text: str) -> dict[str, str]:

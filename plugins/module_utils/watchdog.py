@@ -15,7 +15,8 @@ and exits:
   engine, not a wedged one), ``unhealthy`` (``/health`` failing while systemd says the unit
   is active; acted on after ``window_s``), ``skipped_starting`` (activating, or within
   ``startup_grace_s`` of the start), ``inactive`` (systemd or an operator owns it),
-  ``no_metrics``. A wedged or long-unhealthy instance is restarted at most
+  ``no_metrics``, ``metrics_incomplete`` (``/metrics`` lacks a series the judgement needs:
+  the soak's rule, ``vllm_progress.missing_metrics``). A wedged or long-unhealthy instance is restarted at most
   ``max_restarts`` times in ``restart_window_s``; beyond that the run says
   ``rate_limited`` and does nothing: a flapping node is never restart-looped;
 * **act** -- ``systemctl restart --no-block`` and one JSON line per event on stdout, which
@@ -23,9 +24,10 @@ and exits:
   prefix sets the priority). Verdict lines only when the verdict changes: a healthy
   instance is quiet.
 
-"Progress" is ``vllm_progress.progress_marker``, the soak gate's own notion: ANY movement
-of generated or prompt tokens, KV cache usage, finished requests or preemptions (a long
-prompt prefills for minutes without generating a token).
+"Progress" is ``vllm_progress.progress_marker``, the soak gate's own notion: generated
+tokens or finished requests. Arriving requests are not progress: prompt tokens counted on
+arrival and a queue fed by clients that time out and retry move while a wedged engine
+generates nothing; in flight rising while generation is flat is part of the wedge evidence.
 """
 
 from __future__ import annotations
@@ -41,7 +43,15 @@ from dataclasses import asdict, dataclass, field, replace
 
 # Relative on purpose: the same import works in the collection (tests, Ansible) and on the
 # node, where the role installs both files as the package `vllm_fleet_watchdog`.
-from .vllm_progress import EngineMetrics, http_get, int_or_none, parse_systemctl_show, progress_marker
+from .vllm_progress import (
+    EngineMetrics,
+    http_get,
+    incomplete_message,
+    int_or_none,
+    missing_metrics,
+    parse_systemctl_show,
+    progress_marker,
+)
 
 SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
@@ -51,6 +61,7 @@ SYSLOG_IDENTIFIER = "vllm-fleet-watchdog"
 NOTICE, WARNING, ERR = 5, 4, 3
 PRIORITY = {
     "healthy": NOTICE, "skipped_starting": NOTICE, "inactive": NOTICE, "no_metrics": NOTICE,
+    "metrics_incomplete": WARNING,
     "stalled": WARNING, "unhealthy": WARNING, "wedged": WARNING, "restarted": WARNING,
     "rate_limited": ERR, "restart_failed": ERR, "state_reset": ERR,
 }
@@ -140,6 +151,7 @@ class WatchdogState:
     process: str | None = None
     marker: list | None = None  # the last progress marker of `process`
     progress_mono: float | None = None  # when it last moved (or the instance was idle)
+    progress_in_flight: float | None = None  # requests in flight then
     unhealthy_since_mono: float | None = None
     verdict: str | None = None  # the last verdict logged
     acted_process: str | None = None  # the process the last restart was asked for ...
@@ -288,34 +300,41 @@ def decide(cfg: WatchdogConfig, state: WatchdogState, obs: Observation) -> Decis
     else:
         st.unhealthy_since_mono = None
         marker = progress_marker(metrics) if metrics else None
-        in_flight = (metrics.in_flight or 0) if metrics else 0
+        missing = missing_metrics(metrics) if metrics else []
+        if missing:
+            # Some series but not all: no evidence either way, like no metrics at all.
+            return verdict_only("metrics_incomplete", f"{incomplete_message(missing)}: cannot judge progress of "
+                                                      f"{cfg.unit}", missing=missing, **load)
         if marker is None:
             # /health 200 but no metrics: no evidence either way; the window is neither
             # reset nor acted on.
             return verdict_only("no_metrics", f"/health answers 200 but /metrics could not be read: cannot judge "
                                               f"progress of {cfg.unit}", **load)
+        in_flight = metrics.in_flight
         if not in_flight:
             # Idle is not a wedge, and idle time does not count: the window starts again at
             # the first sample that sees work.
-            st.marker, st.progress_mono = None, None
+            st.marker, st.progress_mono, st.progress_in_flight = None, None, None
             return verdict_only("healthy", f"{cfg.unit} answers /health and is idle", **load)
         if st.marker is None or list(marker) != st.marker:
             moved = st.marker is not None
-            st.marker, st.progress_mono = list(marker), obs.mono
+            st.marker, st.progress_mono, st.progress_in_flight = list(marker), obs.mono, in_flight
             if moved:  # it recovered: a later wedge of the same process is a new episode
                 st.rate_limited_process = None
             return verdict_only("healthy", f"{cfg.unit} makes progress with {in_flight:g} request(s) in flight"
                                 if moved else f"{cfg.unit} answers /health with {in_flight:g} request(s) in flight",
                                 **load)
         flat_for = obs.mono - st.progress_mono
-        detail = dict(load, health=200, flat_for_s=round(flat_for, 1))
+        detail = dict(load, health=200, flat_for_s=round(flat_for, 1), in_flight_at_progress=st.progress_in_flight)
+        rising = (f" (rising from {st.progress_in_flight:g})" if st.progress_in_flight is not None
+                  and in_flight > st.progress_in_flight else "")
         if flat_for < cfg.window_s:
-            return verdict_only("stalled", f"{in_flight:g} request(s) in flight and no progress for {flat_for:.0f} s "
-                                           f"(wedged after {cfg.window_s:g} s)", **detail)
+            return verdict_only("stalled", f"{in_flight:g} request(s) in flight{rising} and no progress for "
+                                           f"{flat_for:.0f} s (wedged after {cfg.window_s:g} s)", **detail)
         verdict, due = "wedged", True
-        message = (f"{in_flight:g} request(s) in flight and no progress for {flat_for:.0f} s (window "
-                   f"{cfg.window_s:g} s; generated tokens flat at {_fmt(metrics.generation_tokens)}, prompt tokens "
-                   f"and KV cache unchanged) while /health answers 200: the engine is wedged")
+        message = (f"{in_flight:g} request(s) in flight{rising} and no progress for {flat_for:.0f} s (window "
+                   f"{cfg.window_s:g} s; generated tokens flat at {_fmt(metrics.generation_tokens)}, no request "
+                   f"finished) while /health answers 200: the engine is wedged")
 
     lines = [line(verdict, message, **detail)] if verdict != state.verdict else []
     st.verdict = verdict

@@ -23,11 +23,14 @@ description:
   - "Crash: NRestarts went up, MainPID changed, the unit left C(active), C(/health) answered
     503 or refused the connection, or a journal line matched O(journal_patterns). The soak
     stops at the first crash (fail fast) and keeps the CUDA error line as evidence."
-  - "Wedge: requests in flight and no progress (generated tokens, prompt tokens, KV cache
-    and finished requests all flat) for O(wedge_window_s) while C(/health) says 200, or
-    C(/health) and C(/metrics) not answering at all. Prompt tokens and KV cache count as
-    progress because a batch of ~81k-token prompts can prefill for minutes without
-    generating a token."
+  - "Wedge: requests in flight and no progress (generated tokens and finished requests both
+    flat) for O(wedge_window_s) while C(/health) says 200, or C(/health) and C(/metrics) not
+    answering at all. Arriving requests are not progress: prompt tokens counted on arrival
+    and clients that time out and retry move while a wedged engine generates nothing; in
+    flight rising meanwhile is part of the evidence."
+  - "Metrics incomplete: C(/metrics) answers without C(vllm:num_requests_running),
+    C(vllm:num_requests_waiting) or C(vllm:generation_tokens_total): the soak fails with
+    'metrics incomplete: <names>' (a wedge cannot be told from idle), as the watchdog says."
   - Performance of the finished load runs against O(baseline) within O(tolerances); the
     KV cache peak from C(vllm:kv_cache_usage_perc).
   - "Writes C(progress.jsonl) (one line per sample) and C(verdict.json) (once, at the end)
@@ -254,7 +257,7 @@ soak:
       type: list
       elements: str
     stopped:
-      description: V(completed), V(crash), V(wedge), V(failed_requests), V(load_error) or V(interrupted).
+      description: V(completed), V(crash), V(wedge), V(metrics_incomplete), V(failed_requests), V(load_error) or V(interrupted).
       type: str
     duration_s:
       description: Seconds the soak ran (until the last sample).
@@ -282,13 +285,26 @@ soak:
       description: Highest C(vllm:kv_cache_usage_perc) seen (0-1).
       type: float
     tokens_per_s:
-      description: Prompt + generated tokens per second of the finished load runs (else the server's count).
+      description:
+        - Prompt + generated tokens per second of the finished load runs, recomputed from their token totals over
+          their duration (else the server's count); what the gate judged.
       type: float
+    bench_tokens_per_s:
+      description: The bench's own C(total_token_throughput), duration-weighted over the runs; null when it reported none.
+      type: float
+    throughput:
+      description:
+        - Both figures side by side. C(gate_used) (V(bench_totals) or V(server_metrics)), C(recomputed)
+          (= RV(soak.tokens_per_s) when from the runs), C(reported) (= RV(soak.bench_tokens_per_s)).
+      type: dict
     proof:
       description:
         - What the soak proved. C(crash_rate_upper_per_min) and C(mtbf_lower_hours) at
           C(confidence), C(statement), and with a target C(target_mtbf_hours),
           C(long_enough), C(required_minutes), C(remaining_minutes), C(target_statement).
+        - A failed soak (crash, wedge, metrics incomplete, anything) proves nothing; C(statement),
+          C(crash_rate_upper_per_min) and C(mtbf_lower_hours) are null, C(long_enough) is false and
+          C(not_proved) says why.
       type: dict
       sample:
         confidence: 0.95

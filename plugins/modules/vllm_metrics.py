@@ -6,7 +6,8 @@ module: vllm_metrics
 short_description: Read the load and progress of a vLLM instance from its /metrics
 description:
   - Fetches a vLLM server's C(/metrics) and returns the V1 series a rollout decides on, each
-    summed over its C(model_name)/C(engine) label sets.
+    aggregated over its C(model_name)/C(engine) label sets by the rule the soak and the watchdog
+    use too (summed; C(kv_cache_usage_perc) is the fullest engine's).
   - An instance that does not answer is reported with C(reachable=false), not a failure, so
     C(until) loops can wait on it.
 version_added: 0.1.0
@@ -45,11 +46,17 @@ error:
   type: str
   returned: when RV(reachable) is false
 in_flight:
-  description: Requests running plus waiting (null when unreachable).
+  description: Requests running plus waiting (null when unreachable or when either gauge is missing).
   type: float
   returned: always
+missing:
+  description: The series judging progress needs that the answer lacked ("metrics incomplete").
+  type: list
+  elements: str
+  returned: always
+  sample: [vllm:num_requests_waiting]
 metrics:
-  description: The series that matter, summed over label sets; null where absent.
+  description: The series that matter, aggregated over label sets (sum; KV usage the maximum); null where absent.
   type: dict
   returned: always
   sample:
@@ -64,10 +71,13 @@ metrics:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import metric_sum, parse_prometheus
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import (
+    SERIES,
+    EngineMetrics,
+)
 
-SERIES = ("num_requests_running", "num_requests_waiting", "generation_tokens_total",
-          "prompt_tokens_total", "kv_cache_usage_perc", "num_preemptions_total")
+# The attributes reported, by their series name without the "vllm:" prefix.
+REPORTED = ("running", "waiting", "generation_tokens", "prompt_tokens", "kv_usage", "preemptions")
 
 
 def main():
@@ -78,12 +88,12 @@ def main():
     try:
         text = open_url(module.params["url"], timeout=module.params["timeout"]).read().decode("utf-8", "replace")
     except Exception as exc:  # refused, timeout, HTTP error: all mean "not serving now"
-        module.exit_json(changed=False, reachable=False, error=str(exc), in_flight=None,
-                         metrics={name: None for name in SERIES})
-    series = parse_prometheus(text)
-    metrics = {name: metric_sum(series, f"vllm:{name}") for name in SERIES}
-    in_flight = sum(metrics[n] or 0.0 for n in ("num_requests_running", "num_requests_waiting"))
-    module.exit_json(changed=False, reachable=True, in_flight=in_flight, metrics=metrics)
+        module.exit_json(changed=False, reachable=False, error=str(exc), in_flight=None, missing=[],
+                         metrics={SERIES[attr][0][len("vllm:"):]: None for attr in REPORTED})
+    engine = EngineMetrics.from_text(text)
+    metrics = {SERIES[attr][0][len("vllm:"):]: getattr(engine, attr) for attr in REPORTED}
+    module.exit_json(changed=False, reachable=True, in_flight=engine.in_flight, missing=engine.missing,
+                     metrics=metrics)
 
 
 if __name__ == "__main__":

@@ -188,24 +188,67 @@ def test_a_crash_and_restart_between_two_ticks_is_still_seen():
 
 def test_wedge_when_requests_run_and_nothing_moves_with_health_200():
     monitor = Monitor(MonitorConfig(wedge_window_s=10))
-    feed(monitor, [healthy(t) for t in (0, 2, 4)])  # progressing until t=4
+    feed(monitor, [healthy(t) for t in (0, 2, 4)])  # generating until t=4 (400 tokens)
     flat = [healthy(t, gen=400, prompt=4000, kv=0.5) for t in (6, 8, 10, 12)]
     assert feed(monitor, flat) == []  # 8 s flat: not yet
-    [wedge] = monitor.observe(healthy(16, gen=400, prompt=4000, kv=0.5))
+    [wedge] = monitor.observe(healthy(14, gen=400, prompt=4000, kv=0.5))
     assert wedge["kind"] == "no_progress"
-    assert wedge["since_elapsed_s"] == 6 and wedge["flat_for_s"] == 10
+    assert wedge["since_elapsed_s"] == 4 and wedge["flat_for_s"] == 10
     assert "4 request(s) in flight" in wedge["evidence"] and "flat at 400" in wedge["evidence"]
     assert monitor.stop_reason == "wedge"
     assert monitor.observe(healthy(18, gen=400, prompt=4000, kv=0.5)) == []  # reported once
+
+
+def test_arriving_requests_do_not_hide_a_wedge():
+    """Prompt tokens counted on arrival, clients that time out and retry: in flight and
+    prompt tokens rise, the KV gauge moves, nothing is generated or finished."""
+    monitor = Monitor(MonitorConfig(wedge_window_s=10))
+    feed(monitor, [healthy(t) for t in (0, 2, 4)])
+    retries = [healthy(t, gen=400, prompt=4000 + 500 * t, kv=0.3 + 0.01 * t, running=4, waiting=t - 4)
+               for t in (6, 8, 10, 12, 14)]
+    [wedge] = feed(monitor, retries)
+    assert (wedge["kind"], wedge["since_elapsed_s"], wedge["in_flight_at_last_progress"]) == ("no_progress", 4, 4)
+    assert "14 request(s) in flight (rising from 4) and no progress" in wedge["evidence"]
+
+
+def test_requests_finishing_without_new_tokens_are_progress():
+    # Negative control of the above: the same rising queue, but requests finish.
+    monitor = Monitor(MonitorConfig(wedge_window_s=4))
+    ticks = [healthy(t, gen=400, running=4, waiting=t, finished=t) for t in range(0, 20, 2)]
+    assert feed(monitor, ticks) == [] and monitor.stop_reason is None
+
+
+def test_missing_request_gauges_are_metrics_incomplete_not_a_traceback():
+    text = "vllm:generation_tokens_total{engine=\"0\"} 400\n"  # no num_requests_running/waiting
+    monitor = Monitor(MonitorConfig(wedge_window_s=4))
+    ticks = [Sample.from_observations(t, time=1e9 + t, health=200, metrics_text=text,
+                                      systemd={"NRestarts": "0", "MainPID": "412", "ActiveState": "active"})
+             for t in range(0, 20, 2)]
+    assert ticks[0].in_flight is None
+    events = feed(monitor, ticks)
+    assert [e["kind"] for e in events] == ["metrics_incomplete"] and monitor.wedges == []
+    assert monitor.stop_reason == "metrics_incomplete"
+    assert events[0]["missing"] == ["vllm:num_requests_running", "vllm:num_requests_waiting"]
+    out = soak.verdict(monitor, elapsed_s=18, duration_s=60, min_duration_s=10, bench_results=[],
+                       stopped=monitor.stop_reason)
+    assert out["passed"] is False
+    assert out["reasons"][0].startswith(
+        "metrics incomplete: vllm:num_requests_running, vllm:num_requests_waiting missing from /metrics")
+    # Negative control: the same ticks with the gauges are judged (idle: nothing to say).
+    full = Monitor(MonitorConfig(wedge_window_s=4))
+    with_gauges = text + "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+    assert feed(full, [Sample.from_observations(t, health=200, metrics_text=with_gauges) for t in range(0, 20, 2)]) == []
+    assert full.stop_reason is None
 
 
 def test_no_wedge_when_idle_or_dead_or_prefilling():
     idle = Monitor(MonitorConfig(wedge_window_s=4))
     assert feed(idle, [healthy(t, gen=100, prompt=9, running=0) for t in range(0, 30, 2)]) == []
 
-    # a long prefill: no token generated, but the KV cache fills
-    prefill = Monitor(MonitorConfig(wedge_window_s=4))
-    assert feed(prefill, [healthy(t, gen=0, prompt=0, kv=0.01 * t) for t in range(0, 30, 2)]) == []
+    # a prefill shorter than the window: nothing generated for a while, then tokens
+    prefill = Monitor(MonitorConfig(wedge_window_s=6))
+    ticks = [healthy(t, gen=0, prompt=0, kv=0.01 * t) for t in range(0, 6, 2)]
+    assert feed(prefill, ticks + [healthy(t, gen=10 * t) for t in range(6, 30, 2)]) == []
 
     # flat tokens while /health says 503 is a crash, not a wedge
     dead = Monitor(MonitorConfig(wedge_window_s=4))
@@ -384,6 +427,55 @@ def test_a_passing_verdict_says_what_it_proved():
     json.dumps(result)  # it is written as JSON
 
 
+def test_a_wedged_soak_claims_no_proof():
+    """A soak that fails by wedge has no crash, but proves nothing: no MTBF statement,
+    long_enough false, and the notes say why."""
+    monitor = passing_monitor(600)
+    feed(monitor, [healthy(1200 + t, gen=0, prompt=0, kv=0.5) for t in range(0, 200, 2)])
+    assert monitor.stop_reason == "wedge" and monitor.crashes == []
+    result = soak.verdict(monitor, elapsed_s=30120, duration_s=36000, min_duration_s=1800, bench_results=[],
+                          target_mtbf_hours=1, stopped="wedge")
+    assert result["passed"] is False
+    proved = result["proof"]
+    assert proved["statement"] is None and proved["long_enough"] is False and proved["mtbf_lower_hours"] is None
+    assert proved["not_proved"] == "The soak failed (wedge): it proves nothing about the crash rate."
+    assert "MTBF above" not in json.dumps(result) and "Long enough" not in json.dumps(result)
+    assert proved["not_proved"] in result["notes"]
+    # Negative control: the same minutes without the wedge are long enough.
+    clean = soak.verdict(passing_monitor(600), elapsed_s=30120, duration_s=36000, min_duration_s=1800,
+                         bench_results=[], target_mtbf_hours=1)
+    assert clean["passed"] and clean["proof"]["long_enough"] is True and "MTBF above" in clean["proof"]["statement"]
+
+
+@pytest.mark.parametrize("stopped, extra", [("interrupted", {}), ("completed", {"baseline": {"kv_cache_peak": 0.1}})])
+def test_every_failed_soak_has_no_proof_statement(stopped, extra):
+    result = soak.verdict(passing_monitor(60), elapsed_s=3600, duration_s=3600, min_duration_s=60,
+                          bench_results=[], target_mtbf_hours=1, stopped=stopped, **extra)
+    assert result["passed"] is False
+    assert result["proof"]["statement"] is None and result["proof"]["long_enough"] is False
+    assert result["proof"]["not_proved"].startswith("The soak failed (")
+
+
+def test_the_verdict_keeps_the_bench_throughput_beside_the_recomputed_one():
+    runs = [{"duration": 60, "completed": 10, "total_input_tokens": 810000, "total_output_tokens": 2560,
+             "total_token_throughput": 13500.0},
+            {"duration": 30, "completed": 5, "total_input_tokens": 405000, "total_output_tokens": 1280,
+             "total_token_throughput": 12000.0}]
+    result = soak.verdict(passing_monitor(60), elapsed_s=3600, duration_s=3600, min_duration_s=60, bench_results=runs,
+                          baseline={"total_token_throughput": 13000})
+    throughput = result["throughput"]
+    assert throughput["gate_used"] == "bench_totals"
+    assert throughput["recomputed"] == pytest.approx((1215000 + 3840) / 90) == result["tokens_per_s"]
+    assert throughput["reported"] == pytest.approx((13500 * 60 + 12000 * 30) / 90) == result["bench_tokens_per_s"]
+    assert result["performance"]["metrics"]["total_token_throughput"]["observed"] == throughput["recomputed"]
+    assert any("recomputed from the load runs' token totals" in n and "the bench reported 1.3e+04" in n
+               for n in result["notes"])
+    # Without the bench's own figure, nothing is invented.
+    bare = [{k: v for k, v in r.items() if k != "total_token_throughput"} for r in runs]
+    result = soak.verdict(passing_monitor(60), elapsed_s=3600, duration_s=3600, min_duration_s=60, bench_results=bare)
+    assert result["throughput"]["reported"] is None and result["bench_tokens_per_s"] is None
+
+
 def test_a_crash_verdict_fails_with_the_evidence():
     monitor = Monitor()
     feed(monitor, [healthy(0), healthy(2), healthy(4, journal=[CUDA_LINE])])
@@ -395,7 +487,7 @@ def test_a_crash_verdict_fails_with_the_evidence():
     assert CUDA_LINE in result["reasons"][0]
     assert result["crashes"][0]["evidence"] == CUDA_LINE
     assert not any(k.startswith("_") for k in result["crashes"][0])
-    assert result["proof"]["crashes"] == 1
+    assert result["proof"]["crashes"] == 1 and result["proof"]["statement"] is None
     json.dumps(result)
 
 

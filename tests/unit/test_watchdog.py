@@ -111,22 +111,62 @@ def test_idle_time_does_not_count_towards_the_window():
     assert [d.restart for d in decisions].index(True) == len(decisions) - 1  # 60 s after work was first seen
 
 
-@pytest.mark.parametrize("moving", [
-    {"prompt": 32768.0},  # chunked prefill of a long prompt: prompt tokens move, nothing generated
-    {"kv": 0.01},  # the KV cache fills
-    {"success": 1.0},  # requests finish
-    {"preempt": 1.0},  # the scheduler preempts under KV pressure
-])
-def test_prefill_and_every_other_movement_is_progress(moving):
+def moving_series(key, step):
     runs = []
-    for i in range(20):  # generated tokens flat for five minutes, requests running
+    for i in range(20):  # five minutes, requests running, only `key` moves
         values = {"running": 32, "gen": 0.0, "prompt": 0.0, "kv": 0.0, "success": 0.0, "preempt": 0.0}
-        (key, step), = moving.items()
         values[key] = step * i
         runs.append(obs(15 * i, metrics=values))
-    decisions, _ = series(runs)
+    return series(runs)[0]
+
+
+@pytest.mark.parametrize("key, step", [("gen", 50.0), ("success", 1.0)])  # tokens generated, requests finished
+def test_generated_tokens_and_finished_requests_are_progress(key, step):
+    decisions = moving_series(key, step)
     assert {d.verdict for d in decisions} == {"healthy"}
     assert not any(d.restart for d in decisions)
+
+
+@pytest.mark.parametrize("key, step", [
+    ("prompt", 32768.0),  # prompt tokens counted as requests arrive
+    ("kv", 0.01),
+    ("preempt", 1.0),
+])
+def test_nothing_else_hides_a_wedge(key, step):
+    decisions = moving_series(key, step)
+    assert decisions[4].verdict == "wedged" and [d.restart for d in decisions].index(True) == 4  # 60 s flat
+
+
+def test_clients_retrying_against_a_wedged_engine_do_not_hide_it():
+    """The case that alternated stalled/healthy: prompt tokens counted on arrival, clients
+    that time out and retry, so in flight and prompt tokens rise while nothing is generated."""
+    runs = [obs(0, metrics={"running": 4, "gen": 900.0, "prompt": 1000.0})]
+    runs += [obs(15 * i, metrics={"running": 4, "waiting": 2 * i, "gen": 1000.0, "prompt": 1000.0 + 512 * i,
+                                  "success": 3.0}) for i in range(1, 7)]
+    decisions, state = series(runs)
+    assert [d.verdict for d in decisions] == ["healthy", "healthy", "stalled", "stalled", "stalled", "wedged",
+                                              "wedged"]
+    wedged = decisions[5].lines[0]
+    assert wedged["in_flight_at_progress"] == 6 and wedged["waiting"] == 10
+    assert wedged["message"].startswith("14 request(s) in flight (rising from 6) and no progress for 60 s")
+    assert decisions[5].restart and state.restarts[0]["reason"] == "wedged"
+
+
+def test_missing_request_gauges_are_metrics_incomplete_never_idle_or_busy():
+    text = 'vllm:generation_tokens_total{engine="0"} 500\n'  # num_requests_running/waiting absent
+    partial = [replace(obs(15 * i), metrics=EngineMetrics.from_text(text)) for i in range(10)]
+    decisions, _ = series(partial)
+    assert {d.verdict for d in decisions} == {"metrics_incomplete"} and not any(d.restart for d in decisions)
+    [line] = events_lines = [line for d in decisions for line in d.lines]
+    assert line["missing"] == ["vllm:num_requests_running", "vllm:num_requests_waiting"]
+    assert line["message"] == (
+        "metrics incomplete: vllm:num_requests_running, vllm:num_requests_waiting missing from /metrics, so a "
+        "wedged engine cannot be told from an idle one: cannot judge progress of vllm@gpu0.service")
+    assert len(events_lines) == 1
+    # The soak says it in the same words.
+    monitor = soak.Monitor(soak.MonitorConfig(wedge_window_s=4))
+    [event] = monitor.observe(soak.Sample.from_observations(0.0, health=200, metrics_text=text))
+    assert line["message"].startswith(event["evidence"])
 
 
 def test_wedge_after_the_window_restarts_once():
@@ -419,8 +459,47 @@ def test_the_soak_and_the_watchdog_share_one_notion_of_progress():
     text = metrics_text(running=2, waiting=1, gen=10.0, prompt=99.0, kv=0.25, success=3.0, preempt=1.0)
     sample = soak.Sample.from_observations(0.0, health=200, metrics_text=text)
     engine = EngineMetrics.from_text(text)
-    assert sample.progress_marker == engine.progress_marker == (10.0, 99.0, 0.25, 3.0, 1.0)
+    assert sample.progress_marker == engine.progress_marker == (10.0, 3.0)
     assert sample.in_flight == engine.in_flight == 3
+
+
+def two_engines(kv=(0.43, 0.43)) -> str:
+    out = []
+    for engine, usage in enumerate(kv):
+        labels = f'model_name="qwen",engine="{engine}"'
+        out += [f"vllm:num_requests_running{{{labels}}} 2", f"vllm:num_requests_waiting{{{labels}}} 1",
+                f"vllm:generation_tokens_total{{{labels}}} 100", f"vllm:prompt_tokens_total{{{labels}}} 900",
+                f"vllm:kv_cache_usage_perc{{{labels}}} {usage}", f"vllm:num_preemptions_total{{{labels}}} 1",
+                f'vllm:request_success_total{{{labels},finished_reason="stop"}} 4',
+                f'vllm:request_success_total{{{labels},finished_reason="abort"}} 7']
+    return "\n".join(out) + "\n"
+
+
+def test_one_aggregation_rule_per_metric_across_engines():
+    engine = EngineMetrics.from_text(two_engines())
+    assert (engine.running, engine.waiting, engine.in_flight) == (4, 2, 6)  # queue gauges add up
+    assert (engine.generation_tokens, engine.prompt_tokens, engine.preemptions) == (200, 1800, 2)  # counters too
+    assert engine.kv_usage == 0.43  # the fullest engine, not 0.86
+    assert (engine.success_total, engine.finished) == (22, 8)  # aborted requests are not finished work
+    sample = soak.Sample.from_observations(0.0, health=200, metrics_text=two_engines((0.2, 0.6)))
+    assert sample.kv_usage == 0.6 and sample.in_flight == 6
+    assert vllm_progress.aggregate(vllm_progress.parse_prometheus(two_engines()), "vllm:kv_cache_usage_perc") == 0.43
+
+
+def test_vllm_metrics_module_uses_the_same_rule(server):
+    _Handler.metrics = two_engines()
+    try:
+        env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1"}
+        proc = subprocess.run([Path(sys.executable).parent / "ansible", "localhost", "-i", "localhost,", "-c", "local",
+                               "-e", f"ansible_python_interpreter={sys.executable}", "-m", "vllm_fleet.fleet.vllm_metrics",
+                               "-a", f"url=http://127.0.0.1:{server.server_address[1]}/metrics"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        _Handler.metrics = metrics_text(running=1, gen=5.0)
+    result = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    assert result["metrics"]["kv_cache_usage_perc"] == 0.43 and result["metrics"]["num_requests_running"] == 4
+    assert result["in_flight"] == 6 and result["missing"] == []
+
 
 
 # --------------------------------------------------------------------------- observe, for real
@@ -508,5 +587,5 @@ def test_the_package_as_installed_on_the_node_runs_in_isolated_mode(tmp_path, se
     assert proc.stdout.startswith("<5>{")
     line = json.loads(proc.stdout.splitlines()[0][3:])
     assert (line["event"], line["running"], line["tokens"]) == ("healthy", 1, 5.0)
-    assert json.loads((state_dir / STATE_FILE).read_text())["marker"] == [5.0, 0.0, 0.0, 0.0, 0.0]
+    assert json.loads((state_dir / STATE_FILE).read_text())["marker"] == [5.0, 0.0]
     assert not list(package.glob("__pycache__"))  # -B: nothing written next to the code
