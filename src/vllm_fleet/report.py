@@ -827,13 +827,21 @@ def _soak_section(soak: Soak) -> str:
     if len(reasons) > 1 or (reasons and reasons[0] not in str(verdict.get("summary"))):
         parts.append('<ul class="reasons">' + "".join(f"<li>{esc(r)}</li>" for r in reasons) + "</ul>")
     proof = verdict.get("proof") if isinstance(verdict.get("proof"), dict) else {}
-    proved = [x for x in (proof.get("statement"), proof.get("target_statement")) if x]
+    proved = [x for x in (proof.get("not_proved"), proof.get("statement"), proof.get("target_statement")) if x]
     if proved:
         parts.append('<div class="proof"><b>What it proved:</b> ' + " ".join(esc(x) for x in proved) + "</div>")
     stats = []
     tps = verdict.get("tokens_per_s")
     if _number(tps):
-        stats.append(f"<b>{tps:,.0f}</b> tokens/s")
+        # Both figures when the bench reported its own, and which one the gate judged.
+        throughput = verdict.get("throughput") if isinstance(verdict.get("throughput"), dict) else {}
+        reported = verdict.get("bench_tokens_per_s")
+        used = {"bench_totals": "recomputed from the runs' token totals",
+                "server_metrics": "the server's own count"}.get(throughput.get("gate_used"))
+        text = f"<b>{tps:,.0f}</b> tokens/s" + (f" ({esc(used)}, judged by the gate)" if used else "")
+        if _number(reported):
+            text += f"; the bench reported <b>{reported:,.0f}</b> tokens/s"
+        stats.append(text)
     if _number(verdict.get("kv_cache_peak")):
         stats.append(f"KV cache peak <b>{verdict['kv_cache_peak'] * 100:.1f}%</b>")
     for key, word, words in (("crashes", "crash", "crashes"), ("wedges", "wedge", "wedges")):

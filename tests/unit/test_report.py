@@ -77,11 +77,33 @@ def test_halted_rollout_names_the_canary_its_crash_and_the_untouched_nodes(tmp_p
     assert text.count('<g class="marker crash">') == 3 and "crash 40 s" in text
     assert 'class="marker wedge"' not in text
     # what the failed soak proved, and the preflight's accepted risk that led here
-    assert "1 crash(es) in 0.7 min of load: the crash rate is below 7.113/min" in text
-    assert "A soak that crashed cannot show MTBF &gt;= 8 h" in text
+    assert "What it proved:</b> The soak failed (crash): it proves nothing about the crash rate." in text
+    assert "A failed soak cannot show MTBF &gt;= 8 h" in text and "crash rate is below" not in text
     assert "accepted blocker cudnn-sm12x-fusion-matmul-oob" in text
     assert "try torch&#x27;s own cuDNN pin on the canary" in text
     assert "vllm-fleet rollout: <b>gate_failed</b> (exit 4)" in text
+
+
+def test_a_wedged_soak_claims_no_proof_in_the_report(tmp_path):
+    _, text = build(tmp_path, "wedge")
+    assert "The soak failed (wedge): it proves nothing about the crash rate." in text
+    assert "Zero crashes" not in text and "MTBF above" not in text
+
+
+def test_the_soak_card_shows_both_throughputs_and_which_the_gate_used(tmp_path):
+    def bench_figures(reports, _summary):
+        for path in soak_dirs(reports):
+            verdict = json.loads((path / "verdict.json").read_text())
+            verdict.update(tokens_per_s=14210.0, bench_tokens_per_s=14388.0,
+                           throughput={"gate_used": "bench_totals", "recomputed": 14210.0, "reported": 14388.0})
+            (path / "verdict.json").write_text(json.dumps(verdict))
+
+    _, text = build(tmp_path, "converged", bench_figures)
+    assert text.count("<b>14,210</b> tokens/s (recomputed from the runs&#x27; token totals, judged by the gate); "
+                      "the bench reported <b>14,388</b> tokens/s") == 4
+    # No load run finished (the crashed canary): the server's count only, nothing invented.
+    _, halted = build(tmp_path / "plain", "halted")
+    assert "the bench reported" not in halted and "(the server&#x27;s own count, judged by the gate)" in halted
 
 
 def test_converged_rollout_shows_every_soak_with_its_proof(tmp_path):
