@@ -7,7 +7,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/collections
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup rehearse bench bench-prestage test unit integration sim-down
+.PHONY: setup rehearse bench bench-prestage test unit integration sim-down check-real
 
 setup:
 	@bash scripts/setup-host.sh
@@ -52,3 +52,9 @@ unit: setup
 
 integration: setup
 	@pytest tests/integration $(PYTEST_ARGS)
+
+# Opt-in, never part of `make test`: cudnn_facts' and gpu_facts' logic against the real
+# nvidia-cudnn-cu13==9.24.0.43 and nvidia-ml-py from PyPI (pip configuration shut out), in a
+# scratch venv (CHECK_REAL_DIR, default a new temporary directory). No GPU needed.
+check-real:
+	@python tests/real/check_real.py $(CHECK_REAL_DIR)
