@@ -3,8 +3,8 @@ the kernel and the faulting instruction, and match the kernel against the known-
 catalogue (``kernel_patterns``).
 
 Plain Python on purpose (no ``ansible`` import): the coredump_triage module is a thin
-wrapper, and everything here is unit-tested on recorded cuda-gdb outputs
-(tests/fixtures/coredumps/).
+wrapper, and everything here is unit-tested on cuda-gdb outputs composed from the manual
+and published sessions (tests/fixtures/coredumps/; none captured from a GPU yet).
 
 What cuda-gdb prints (CUDA-GDB manual, "GPU core dump support" and "Disassembly"; the
 vLLM blog "CUDA Core Dump: An Effective Tool to Debug Memory Access Issues"):
@@ -26,6 +26,14 @@ of the instruction that caused the exception"), and the disassembly marks it ``*
 (``=>`` is the current PC, ``*=>`` both). A live session prints ``Thread 1 "python3"
 received signal CUDA_EXCEPTION_14, Warp Illegal Address.`` and ``[Switching focus to ...]``
 instead; both shapes are read.
+
+Also read: an instruction line without ``<symbol+offset>`` (``=> 0x7fffd2a41c30:\tLDG.E.128
+R4, [R2.64]``, a kernel without symbols: it is the faulting one when its address is the
+exception PC), ``$errorpc`` printed alone (``$1 = (void (*)(void)) 0x... <kernel+208>``,
+the exception PC, and its offset), ``bt`` frames with and without arguments, and the
+``info cuda kernels`` table (the kernel and its launch when no frame carries
+``<<<grid,block>>>``). Without any symbol the offset is derived from another address of the
+same kernel that has one; with none at all it stays null and a note says so.
 """
 
 from __future__ import annotations
@@ -84,8 +92,20 @@ _FRAME = re.compile(r"^#(?P<level>\d+)\s+(?:(?P<pc>0x[0-9a-fA-F]+)\s+in\s+)?(?P<
 _LAUNCH = re.compile(r"^(?P<name>.*?)<<<(?P<grid>\([^)]*\)),\s*(?P<block>\([^)]*\))>>>\s*(?P<tail>.*)$")
 _LOCATION = re.compile(r"\s+at\s+(?P<file>\S+):(?P<line>\d+)\s*$")
 # x/i and disas lines; the symbol may hold templates (<...>), so the offset is the last "+N>:".
-_INSN = re.compile(r"^\s*(?P<mark>\*=>|\*>|=>)?\s*(?P<address>0x[0-9a-fA-F]+)\s+<(?P<symbol>.*)\+(?P<offset>\d+)>:"
-                   r"\s*(?P<text>.*?)\s*$")
+# A kernel without symbols prints the address alone: "=> 0x7fffd2a41c30:\tLDG.E.128 ...".
+_INSN = re.compile(r"^\s*(?P<mark>\*=>|\*>|=>)?\s*(?P<address>0x[0-9a-fA-F]+)(?:\s+<(?P<symbol>.*)\+(?P<offset>\d+)>)?:"
+                   r"\s*(?P<text>(?!0x)\S.*?)?\s*$")
+# "p $errorpc" / "p $pc": "$1 = (void (*)(void)) 0x7f31abb9f6d0 <_Z...Pii+208>", or the address alone.
+_PRINT = re.compile(r"^\$\d+\s*=\s*(?:\(.*\)\s*)?(?P<address>0x[0-9a-fA-F]+)(?:\s+<(?P<symbol>.*)\+(?P<offset>\d+)>)?\s*$")
+# The command a live session echoes before a print: "(cuda-gdb) p $errorpc", "print/x $pc".
+_PRINT_COMMAND = re.compile(r"^\(cuda-gdb\)\s+p(?:rint)?(?:/\w+)?\s+\$(?P<register>errorpc|pc)\s*$")
+# "info cuda kernels": a header, then one row per kernel, the focused one starred:
+#   "*      0      -   0    1 Active 0x00ffffff (148,1,1) (384,1,1) kernel(args...)"
+#   (the manual's newer tables end in "Name Args": "... (384,1,1) kernel parms=...")
+_KERNELS_HEADER = re.compile(r"^\s*Kernel\s+Parent\s+Dev\s+Grid\s+Status\s+SMs\s+Mask\s+GridDim\s+BlockDim\s+"
+                             r"(?:Invocation|Name\s+Args)\s*$")
+_KERNELS_ROW = re.compile(r"^\s*(?P<focus>\*)?\s*(?P<kernel>\d+)\s+\S+\s+\d+\s+-?\d+\s+\w+\s+0x[0-9a-fA-F]+\s+"
+                          r"(?P<grid>\([\d,\s]+\))\s+(?P<block>\([\d,\s]+\))\s+(?P<invocation>\S.*?)\s*$")
 
 
 class CoreDumpParseError(ValueError):
@@ -140,7 +160,8 @@ def _logical_lines(text: str) -> list[str]:
     out: list[str] = []
     in_frame = False
     for line in text.split("\n"):
-        if in_frame and line[:1] in (" ", "\t") and line.strip() and not _INSN.match(line):
+        if in_frame and line[:1] in (" ", "\t") and line.strip() and not _INSN.match(line) \
+                and not _KERNELS_HEADER.match(line):
             out[-1] = out[-1].rstrip() + " " + line.strip()
             continue
         out.append(line)
@@ -186,13 +207,23 @@ def _frames(lines: list[str]) -> list[dict]:
 
 
 def _instructions(lines: list[str]) -> list[dict]:
+    """x/i lines, and printed PCs (``$N = ... 0x...``) as instructions without text; a print
+    echoed after '(cuda-gdb) p $errorpc' is marked as the exception PC."""
     out = []
+    register = None
     for line in lines:
-        match = _INSN.match(line)
+        command = _PRINT_COMMAND.match(line.strip())
+        match = _INSN.match(line) or _PRINT.match(line.strip())
         if match:
-            out.append({"mark": match.group("mark"), "address": match.group("address"),
-                        "symbol": match.group("symbol").strip() or None, "offset": int(match.group("offset")),
-                        "text": match.group("text") or None, "line": line.strip()})
+            printed = match.re is _PRINT
+            mark = ("*>" if register == "errorpc" else None) if printed else match.group("mark")
+            offset = match.group("offset")
+            out.append({"mark": mark, "address": match.group("address"),
+                        "symbol": (match.group("symbol") or "").strip() or None,
+                        "offset": int(offset) if offset is not None else None,
+                        "text": None if printed else (match.group("text") or None), "line": line.strip(),
+                        "printed": printed})
+        register = command.group("register") if command else None
     return out
 
 
@@ -201,16 +232,65 @@ def _same_address(a: str | None, b: str | None) -> bool:
 
 
 def _faulting_instruction(insns: list[dict], error_pc: str | None) -> tuple[dict | None, str | None]:
+    """The instruction at the exception PC, merged from every line that names its address
+    (x/i gives the text, a print may give the symbol), and where it came from."""
+    found, source = None, None
     for insn in insns:
         if insn["mark"] in ("*>", "*=>"):
-            return insn, "errorpc"
-    for insn in insns:
-        if _same_address(insn["address"], error_pc):
-            return insn, "errorpc"
-    for insn in insns:
-        if insn["mark"] == "=>":
-            return insn, "pc"
-    return None, None
+            found, source = insn, "errorpc"
+            break
+    if found is None:
+        for insn in insns:
+            if _same_address(insn["address"], error_pc):
+                found, source = insn, "errorpc"
+                break
+    if found is None:
+        for insn in insns:
+            if insn["mark"] == "=>":
+                found, source = insn, "pc"
+                break
+    if found is None:
+        return None, None
+    merged = dict(found)
+    for other in insns:
+        if _same_address(other["address"], found["address"]):
+            for key in ("text", "symbol", "offset"):
+                if merged[key] is None and other[key] is not None:
+                    merged[key] = other[key]
+    if merged["offset"] is None:
+        # No symbol on this address: the kernel's start from another address of it that has one.
+        starts = {(i["symbol"], int(i["address"], 16) - i["offset"]) for i in insns if i["offset"] is not None}
+        if len(starts) == 1:
+            (symbol, start), = starts
+            if int(merged["address"], 16) >= start:
+                merged["symbol"], merged["offset"] = symbol, int(merged["address"], 16) - start
+    return merged, source
+
+
+def _cuda_kernels(lines: list[str]) -> dict | None:
+    """The focused (else the only) row of 'info cuda kernels': name, grid, block."""
+    rows, in_table = [], False
+    for line in lines:
+        if _KERNELS_HEADER.match(line):
+            in_table = True
+            continue
+        row = _KERNELS_ROW.match(line) if in_table else None
+        if row:
+            rows.append(row)
+        elif in_table and line.strip():
+            in_table = False
+    chosen = next((r for r in rows if r.group("focus")), rows[0] if len(rows) == 1 else None)
+    if chosen is None:
+        return None
+    invocation = chosen.group("invocation")
+    if "(" in invocation:
+        frame = _parse_frame(_FRAME.match(f"#0  {invocation}"))
+        function, args = frame["function"], frame["args"]
+    else:
+        function, _, args = invocation.partition(" ")
+    return {"function": function, "args": args.strip() or None if args else None,
+            "launch": {"grid": re.sub(r"\s+", "", chosen.group("grid")),
+                       "block": re.sub(r"\s+", "", chosen.group("block"))}}
 
 
 def _base_name(kernel: str) -> str:
@@ -275,6 +355,12 @@ def parse_cuda_gdb(data: str | bytes) -> dict:
 
     lines = _logical_lines(text)
     frames = _frames(lines)
+    table = _cuda_kernels(lines)
+    if table and not any(f["launch"] for f in frames):
+        # 'info cuda kernels' names the kernel and its launch where no frame shows <<<...>>>.
+        frames = [dict(frames[0], function=table["function"], launch=table["launch"],
+                       args=frames[0]["args"] or table["args"])] + frames[1:] if frames else \
+            [{"level": 0, "pc": None, "file": None, "line": None, "text": "info cuda kernels", **table}]
     if not frames:
         raise CoreDumpParseError(
             f"truncated output: found the exception ({exception}) but no backtrace frame{cut}; expected "
@@ -304,6 +390,11 @@ def parse_cuda_gdb(data: str | bytes) -> dict:
     if insn is None:
         notes.append("no faulting instruction in the output: run 'x/i $errorpc' after 'target cudacore FILE' "
                      "(cuda-gdb needs cuobjdump on PATH to disassemble)")
+    elif insn["offset"] is None:
+        notes.append("the faulting instruction's line has no <symbol+offset> and no other address of the kernel "
+                     "has one: its offset within the kernel is unknown")
+    elif insn["text"] is None:
+        notes.append("the exception PC was printed but not disassembled: run 'x/i $errorpc' for the instruction")
     elif source == "pc":
         notes.append("the instruction is the one at the warp's PC ('=>'), not the exception PC ('*>'): "
                      "the warp may have moved past the faulting instruction")

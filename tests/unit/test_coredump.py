@@ -1,4 +1,4 @@
-"""GPU core-dump triage: the cuda-gdb output parser and the catalogue match on recorded
+"""GPU core-dump triage: the cuda-gdb output parser and the catalogue match on composed
 outputs (tests/fixtures/coredumps), the stand-in cuda-gdb and the stand-in vLLM's dump, and
 the coredump_triage module run once through ansible-playbook on localhost."""
 
@@ -46,7 +46,7 @@ STORY_KERNEL = "cudnn_generated_fort_native_sm120_matMul_nvfp4_bf16_knob_7_128x2
 UNKNOWN_HINT = "no catalogue entry matches; add kernel_patterns to catalogue/known_issues.yml"
 
 
-def recorded(name: str) -> bytes:
+def fixture(name: str) -> bytes:
     return (RECORDED / name).read_bytes()
 
 
@@ -62,11 +62,11 @@ def squash(text: str) -> str:
     return " ".join(text.split())
 
 
-# ------------------------------------------------------------------ recorded outputs
+# ------------------------------------------------------------------ composed outputs (tests/fixtures/coredumps)
 
 
 def test_story_dump_names_the_cudnn_kernel_the_instruction_and_the_fix():
-    parsed = parse_cuda_gdb(recorded("sm120_cudnn_matmul_oob.txt"))
+    parsed = parse_cuda_gdb(fixture("sm120_cudnn_matmul_oob.txt"))
     assert parsed["exception"] == "Warp Out-of-range Address"
     assert parsed["exception_code"] == "CUDA_EXCEPTION_5"
     assert parsed["kernel"] == STORY_KERNEL
@@ -74,7 +74,7 @@ def test_story_dump_names_the_cudnn_kernel_the_instruction_and_the_fix():
     # The exception PC ($errorpc), not where the warp stopped (the frame's PC).
     assert parsed["pc"] == "0x7f3e2b5d8a40"
     assert int(parsed["frame_pc"], 16) == 0x7F3E2B5D8A70
-    assert parsed["instruction"] == "STS.128 [R21+0x18c40], R4"  # a shared store past 99 KB (0x18c00)
+    assert parsed["instruction"] == "STS.128 [R21+0x18c40], R4"  # a shared store past the block's shared memory
     assert parsed["instruction_offset"] == 2624
     assert parsed["instruction_source"] == "errorpc"
     assert (parsed["device"], parsed["sm"], parsed["warp"], parsed["lane"]) == (0, 46, 9, 0)
@@ -96,7 +96,7 @@ def test_story_dump_names_the_cudnn_kernel_the_instruction_and_the_fix():
 
 
 def test_misaligned_address_from_a_live_session_is_the_same_known_issue():
-    parsed = parse_cuda_gdb(recorded("misaligned_address.txt"))
+    parsed = parse_cuda_gdb(fixture("misaligned_address.txt"))
     assert parsed["exception"] == "Warp Misaligned Address"
     assert parsed["exception_code"] == "CUDA_EXCEPTION_6"  # from "received signal CUDA_EXCEPTION_6"
     assert parsed["kernel"] == STORY_KERNEL
@@ -107,7 +107,7 @@ def test_misaligned_address_from_a_live_session_is_the_same_known_issue():
 
 
 def test_unknown_kernel_gets_a_clear_answer():
-    parsed = parse_cuda_gdb(recorded("unknown_kernel.txt"))
+    parsed = parse_cuda_gdb(fixture("unknown_kernel.txt"))
     assert parsed["exception"] == "Warp Illegal Address" and parsed["exception_code"] == "CUDA_EXCEPTION_14"
     assert parsed["kernel"].startswith("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, unsigned char, "
                                        "(vllm::Fp8KVCacheDataType)1>(__nv_bfloat16 const*")
@@ -120,9 +120,55 @@ def test_unknown_kernel_gets_a_clear_answer():
                                         "(CUDA_EXCEPTION_14) at +1104: STG.E.U8 desc[UR6][R4.64], R9)")
 
 
+# Every shape cuda-gdb prints for these fields, one composed fixture each (README.md).
+@pytest.mark.parametrize("name, kernel, pc, instruction, offset", [
+    ("sm120_cudnn_matmul_oob.txt", STORY_KERNEL, "0x7f3e2b5d8a40", "STS.128 [R21+0x18c40], R4", 2624),  # symbols
+    ("misaligned_address.txt", STORY_KERNEL, "0x7f3e2b5d9b10", "STS.64 [R13+0x6a04], R6", 6928),  # live session
+    # x/i $errorpc without <symbol+offset>; the offset from x/i $pc's symbol of the same kernel
+    ("errorpc_without_symbol.txt", STORY_KERNEL, "0x7f3e2b5d8a40", "STS.128 [R21+0x18c40], R4", 2624),
+    # the kernel from 'info cuda kernels' (the newer "Name Args" table): the bt frame has no <<<...>>>
+    ("info_cuda_kernels.txt", STORY_KERNEL, "0x7f3e2b5d8a40", "STS.128 [R21+0x18c40], R4", 2624),
+    # $errorpc printed alone in a live session, bt frames with arguments: address and offset, no text
+    ("print_errorpc.txt", "illegalMemoryAccessKernel", "0x7f31abb9f6d0", None, 208),
+])
+def test_each_shape_gives_the_faulting_instruction_and_its_offset(name, kernel, pc, instruction, offset):
+    parsed = parse_cuda_gdb(fixture(name))
+    assert parsed["kernel"] == kernel and parsed["launch"]["grid"]
+    assert (parsed["pc"], parsed["instruction_address"]) == (pc, pc)
+    assert (parsed["instruction"], parsed["instruction_offset"], parsed["instruction_source"]) == (
+        instruction, offset, "errorpc")
+
+
+def test_a_kernel_without_symbols_still_gives_its_faulting_instruction():
+    parsed = parse_cuda_gdb(fixture("no_symbols.txt"))
+    # The issue's line: "=> 0x7fffd2a41c30:\tLDG.E.128 R4, [R2.64]", its address the exception PC.
+    assert (parsed["instruction"], parsed["instruction_address"], parsed["instruction_source"]) == (
+        "LDG.E.128 R4, [R2.64]", "0x7fffd2a41c30", "errorpc")
+    # Nothing in the output names the kernel's start: the offset is unknown, and said so.
+    assert parsed["instruction_offset"] is None and parsed["instruction_symbol"] is None
+    assert any("offset within the kernel is unknown" in note for note in parsed["notes"])
+    assert triage(parsed, ENTRIES)["message"].endswith("(Warp Illegal Address (CUDA_EXCEPTION_14) at PC 0x7fffd2a41c30)")
+
+
+def test_frames_with_arguments_and_a_wrapped_location():
+    parsed = parse_cuda_gdb(fixture("print_errorpc.txt"))
+    [frame] = parsed["frames"]
+    assert (frame["args"], frame["file"], frame["line"]) == ("(ptr=0x7f31a0000000, n=1024)", "fault.cu", 12)
+    assert parsed["instruction_symbol"] == "_Z25illegalMemoryAccessKernelPii"
+    assert any("printed but not disassembled" in note for note in parsed["notes"])
+
+
+def test_a_print_of_another_register_is_not_the_exception_pc():
+    # Negative control: '$1 = ...' after 'p $pc' is the warp's PC, not the faulting instruction.
+    text = fixture("print_errorpc.txt").decode().replace("p $errorpc", "p $pc").replace("0x7f31abb9f6d0 <", "0x7f31abb9f6e0 <")
+    text = text.replace("+208>", "+224>")
+    parsed = parse_cuda_gdb(text)
+    assert parsed["instruction_source"] is None and parsed["instruction_offset"] is None
+
+
 def test_truncated_output_is_a_clear_error():
     with pytest.raises(CoreDumpParseError) as error:
-        parse_cuda_gdb(recorded("truncated.txt"))
+        parse_cuda_gdb(fixture("truncated.txt"))
     message = str(error.value)
     assert message.startswith("truncated output: it ends mid-line inside the backtrace")
     assert "Warp Out-of-range Address" in message  # what was found
@@ -132,14 +178,14 @@ def test_truncated_output_is_a_clear_error():
 def test_garbage_bytes_are_a_clear_error():
     with pytest.raises(CoreDumpParseError, match=r"^garbled input: \d+ of the first \d+ characters are not "
                                                  r"printable text.*expected the text cuda-gdb prints"):
-        parse_cuda_gdb(recorded("garbage.bin"))
+        parse_cuda_gdb(fixture("garbage.bin"))
     with pytest.raises(CoreDumpFormatError, match="neither a GPU core dump .* nor a saved cuda-gdb output"):
-        detect_format(recorded("garbage.bin")[:64])
+        detect_format(fixture("garbage.bin")[:64])
 
 
 # ------------------------------------------------------------------ other shapes of input
 
-STORY = recorded("sm120_cudnn_matmul_oob.txt").decode()
+STORY = fixture("sm120_cudnn_matmul_oob.txt").decode()
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -243,7 +289,7 @@ def test_sm121_kernel_and_mangled_names_match():
     assert triage(sm121, ENTRIES)["matched"]["pattern"] == "cudnn_generated_fort_native_sm121_matMul*"
     catalogue = json.loads(json.dumps(CATALOGUE))
     catalogue["known_issues"][1]["kernel_patterns"] = ["_ZN4vllm30reshape_and_cache_flash_kernel*"]
-    unknown = parse_cuda_gdb(recorded("unknown_kernel.txt"))
+    unknown = parse_cuda_gdb(fixture("unknown_kernel.txt"))
     result = triage(unknown, load_catalogue(catalogue))
     assert result["matched"]["id"] == catalogue["known_issues"][1]["id"]
     assert result["matched"]["matched_name"] == unknown["instruction_symbol"]
