@@ -360,3 +360,40 @@ def test_a_prune_cut_short_leaves_no_half_release(root):
 def test_keep_must_be_a_whole_number(keep):
     with pytest.raises(ReleaseError, match="keep must be"):
         plan_prune([Release("a", "/x/a", 1.0)], keep, {})
+
+
+# --- torch pinned with a local version label (the real CUDA 13 torch: 2.11.0+cu130) --------
+
+# What uv 0.13.x wrote with the stand-in builder (tests/fixtures/wheels/build.py): torch
+# 2.11.0+cu130 in its own find-links directory (PyTorch's index stands there), the plain
+# 2.11.0 in another, a vllm that pins torch==2.11.0. uv takes the +cu130 build for that pin
+# (PEP 440: a local label satisfies ==2.11.0) even when requirements.in names only vllm.
+LOCAL_LOCK = """\
+nvidia-cudnn-cu13==9.24.0.43 \\
+    --hash=sha256:dec838395b831b4bcae325c34f0f4b8c835159f44c0d70ebe05457c8ce79ec69
+    # via
+    #   --override overrides.txt
+    #   torch
+torch==2.11.0+cu130 \\
+    --hash=sha256:ce89a95738b411c57eddfb03c163c57e6dbe2b152867d85b79f7655bb59f9078
+    # via
+    #   -r requirements.in
+    #   vllm
+vllm==0.25.1 \\
+    --hash=sha256:3cfdf3a15105dcc18a0430035b8f78a19aaf3dff27deab848044e82199b6c68e
+    # via -r requirements.in
+"""
+
+
+def test_a_torch_pin_with_a_local_label_goes_through_lock_manifest_and_release_id():
+    from ansible_collections.vllm_fleet.fleet.plugins.filter.release_id import release_id
+
+    plan = {**PLAN, "torch": "2.11.0+cu130"}
+    assert {p["name"]: p["version"] for p in parse_lock(LOCAL_LOCK)}["torch"] == "2.11.0+cu130"
+    m = manifest(release=plan, lock_text=LOCAL_LOCK, check=judge_check(CHECK_OVERRIDE, plan),
+                 cudnn_facts={**FACTS_OK, "torch_version": "2.11.0+cu130"})
+    assert m["pins"]["torch"] == "2.11.0+cu130" and m["release_id"] == RID  # torch is not part of the id
+    assert release_id(plan) == RID
+    # Negative control: the plain torch in the lock is not the +cu130 the plan pins.
+    with pytest.raises(ReleaseError, match="torch"):
+        manifest(release=plan, check=judge_check(CHECK_OVERRIDE, plan))
