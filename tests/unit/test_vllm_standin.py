@@ -286,6 +286,24 @@ def test_kv_token_scale_lets_a_small_load_show_reference_levels(standin):
     assert engine.kv_usage() == pytest.approx(0.4)  # 40 tokens held, each counting as 10
 
 
+@pytest.mark.parametrize("on_arrival", [False, True])
+def test_prompt_tokens_counted_on_arrival_move_without_a_step(standin, on_arrival):
+    """The knob behind the retrying-clients wedge test: with it, arrivals alone move
+    vllm:prompt_tokens_total (and nothing else); without it (negative control) they do not."""
+    engine_mod, metrics = standin.engine, standin.metrics.Metrics("m")
+    config = engine_mod.EngineConfig(step_seconds=0.01, tokens_per_step=1000, max_num_seqs=8,
+                                     max_num_batched_tokens=8192, kv_capacity_tokens=10_000,
+                                     prompt_tokens_on_arrival=on_arrival)
+    engine = engine_mod.Engine(config, metrics)
+    for _ in range(3):  # no step runs: a wedged engine
+        engine.add(engine_mod.Request(40, 5, 5, arrival=0.0))
+    assert (metrics.prompt_tokens, metrics.generation_tokens) == ((120 if on_arrival else 0), 0)
+    while engine.has_work():
+        engine.step(0.01)
+    assert metrics.prompt_tokens == 120  # counted once either way
+    assert standin.knobs.Knobs.from_env({"VLLM_STANDIN_PROMPT_TOKENS_ON_ARRIVAL": "1"}).prompt_tokens_on_arrival == 1
+
+
 def test_fault_counts_batches_only(standin):
     engine_mod = standin.engine
     config = engine_mod.EngineConfig(step_seconds=0.01, tokens_per_step=100, max_num_seqs=8,
