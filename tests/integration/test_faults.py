@@ -32,7 +32,6 @@ from tests.integration.playbook import ROOT
 from tests.integration.test_cli import vllm_fleet
 
 NODES = ["node01", "node02"]
-BASE_PORT, LB_PORT = 18700, 18740  # apart from the other tests' ranges
 # A second cuDNN-only bump, in the test wheelhouse: a release no node has staged yet.
 BUMP = {**FIXED, "cudnn": "9.23.1.21"}
 BUMP_ID = "vllm-0.25.1_nvidia-cudnn-cu13-9.23.1.21"
@@ -78,7 +77,7 @@ class LoadBalancerWatch:
 
 @pytest.fixture(scope="module")
 def fleet(node_image, tmp_path_factory):
-    with provisioned_fleet(tmp_path_factory.mktemp("faults"), f"vf-fault-{os.getpid()}-", BASE_PORT, LB_PORT,
+    with provisioned_fleet(tmp_path_factory.mktemp("faults"), f"vf-fault-{os.getpid()}-",
                            len(NODES), group_vars=FAST, tmpfs=(DISK,)) as sim:
         yield sim
 
@@ -201,7 +200,7 @@ def test_a_service_that_never_gets_ready_is_rolled_back(fleet):
     assert run.rc != 0
     assert "rollout halted at node01" in run.output and "rolled back to " + FIXED_ID in run.output, run.output[-4000:]
     canary = report(fleet, "node01")
-    assert canary["status"] == "rolled_back" and set(canary["marks"]) == {"started", "drained"}, canary
+    assert canary["status"] == "rolled_back" and set(canary["marks"]) == {"started", "drained", "configured"}, canary
     assert most_out == 1
     assert_serves(fleet, "node01", FIXED_ID, NVFP4["name"])  # the known-good release and profile
 
@@ -292,7 +291,7 @@ def test_a_wedge_during_the_canary_soak_fails_the_gate_and_a_rerun_passes(fleet,
     assert "wedge" in (canary["message"] or ""), canary
     kept = json.loads((Path(summary["artifacts"]) / "reports" / "rollout" / "node01.json").read_text())
     assert any("wedge" in reason for reason in kept["soak"]["reasons"]), kept["soak"]["reasons"]
-    assert set(kept["marks"]) == {"started", "drained", "ready"}  # it never reached a verdict mark
+    assert set(kept["marks"]) == {"started", "drained", "configured", "ready"}  # it never reached a verdict mark
     assert watch.most_out == 1
     assert_serves(fleet, "node01", before["known_good"], before["profile"])
 
