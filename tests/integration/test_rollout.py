@@ -30,7 +30,6 @@ from tests.fixtures.story import (ACCEPT_PRE_FIX, CUDNN_BLOCKER, EXIT0, FIXED, F
 from tests.integration.test_cli import vllm_fleet
 
 NODES = ["node01", "node02", "node03", "node04"]
-BASE_PORT, LB_PORT = 18600, 18690  # host loopback, apart from the other tests' ranges
 
 
 class Clients:
@@ -68,7 +67,7 @@ class Clients:
 
 @pytest.fixture(scope="module")
 def fleet(node_image, tmp_path_factory):
-    with provisioned_fleet(tmp_path_factory.mktemp("rollout"), f"vf-roll-{os.getpid()}-", BASE_PORT, LB_PORT,
+    with provisioned_fleet(tmp_path_factory.mktemp("rollout"), f"vf-roll-{os.getpid()}-",
                            len(NODES)) as sim:
         yield sim
 
@@ -95,7 +94,7 @@ def test_preflight_blocks_cudnn_9_19_on_sm120_before_anything_changes(fleet):
 def test_accepted_risk_canary_soak_catches_the_crash_and_rolls_back(fleet):
     clear_reports(fleet)
     before = fleet_state(fleet)
-    with Clients(LB_PORT) as clients:
+    with Clients(fleet.lb_port) as clients:
         run = play(fleet, "rollout.yml", release=PRE_FIX, profile_=NVFP4,
                    accept=[*ACCEPT_PRE_FIX])
 
@@ -120,7 +119,7 @@ def test_accepted_risk_canary_soak_catches_the_crash_and_rolls_back(fleet):
 
 def test_fixed_cudnn_passes_the_canary_and_the_fleet_advances_batch_by_batch(fleet):
     clear_reports(fleet)
-    with Clients(LB_PORT) as clients:
+    with Clients(fleet.lb_port) as clients:
         run = play(fleet, "rollout.yml", release=FIXED, profile_=NVFP4, accept=[EXIT0])
 
     assert run.rc == 0, run.output[-5000:]
