@@ -5,10 +5,14 @@ is only a number."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import resource
+import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,12 +39,51 @@ def _bench() -> str:
 def timed(sim: SimFleet, playbook: str, *args: str, **plan) -> float:
     """Wall time of one run of ``playbook`` (story.play: the release, profile and accepted
     risks in ``plan``); a failed run ends the bench with its output."""
-    start = time.monotonic()
-    run = story.play(sim, playbook, *args, **plan)
-    wall = time.monotonic() - start
-    if run.rc != 0:
-        sys.exit(f"{_bench()}: {playbook} {' '.join(args)} failed (rc {run.rc}):\n{run.output[-3000:]}")
-    return wall
+    return measured(sim, playbook, *args, **plan).wall
+
+
+@dataclass
+class Measured:
+    wall: float  # seconds
+    cpu: float  # controller CPU-seconds: ansible-playbook and every process it waited for
+    module_runs: dict  # scripts/callback_plugins/module_runs.py: {"node": {host: n}, ...}
+
+
+def measured(sim: SimFleet, playbook: str, *args: str, **plan) -> Measured:
+    """One run of ``playbook`` with its wall time, the controller's CPU time and the module
+    runs Ansible made on each node (counted by a callback); a failed run ends the bench."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as counts:
+        env = {"ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "scripts" / "callback_plugins"),
+               "ANSIBLE_CALLBACKS_ENABLED": "module_runs", "VLLM_FLEET_MODULE_RUNS": counts.name}
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            cpu_before = _children_cpu()
+            start = time.monotonic()
+            run = story.play(sim, playbook, *args, **plan)
+            wall = time.monotonic() - start
+            cpu = _children_cpu() - cpu_before
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        if run.rc != 0:
+            sys.exit(f"{_bench()}: {playbook} {' '.join(args)} failed (rc {run.rc}):\n{run.output[-3000:]}")
+        runs = json.loads(Path(counts.name).read_text() or "{}")
+    return Measured(wall, cpu, runs)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def spread(values: list[float]) -> dict:
+    """Median and range of a figure over runs."""
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
+            "max": round(max(values), 2), "runs": [round(v, 2) for v in values]}
 
 
 @contextlib.contextmanager
