@@ -35,6 +35,15 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # vLLM's sizes: 262144, 256k (x1000), 256K (x1024), 1m, 1M, 1g, 1G.
 SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kKmMgG]?)\Z")
 SIZE_SCALE = {"": 1, "k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
+# Limits on what a profile may hold. vllm serve --config turns a string into one argv word and
+# each list item into its own: a word that begins with '-' is read as a flag (so a list item
+# "--api-key" would set the key the role owns), and a newline or control character has no
+# business in a flag value, a model name or an environment file.
+MAX_TEXT = 4096        # one string: a flag value, a list item, the model, an env value
+MAX_NAME = 128         # the profile's name
+MAX_ITEMS = 64         # items of a list flag
+MAX_JSON = 65536       # a mapping flag, written as JSON
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class SchemaError(ValueError):
@@ -82,6 +91,137 @@ def _closest(word: str, candidates, what: str = "did you mean", cutoff: float = 
 
 
 # --- the schema ----------------------------------------------------------------------------
+
+def _number(where: str, key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SchemaError(f"{where}: {key} {value!r} is not a number")
+    return value
+
+
+def _flag(name: Any, raw: Any) -> Flag:
+    where = f"serve-args schema: flag {name!r}"
+    if not isinstance(name, str) or not FLAG_RE.match(name):
+        raise SchemaError(f"{where}: a flag is named by its long form without dashes in front, "
+                          "lower case (for example 'max-num-seqs')")
+    if not isinstance(raw, dict):
+        raise SchemaError(f"{where}: {raw!r} is not a mapping (type, choices, min, max, ...)")
+    unknown = [k for k in raw if k not in FLAG_KEYS]
+    if unknown:
+        raise SchemaError(f"{where}: unknown key {unknown[0]!r}{_closest(str(unknown[0]), FLAG_KEYS)}; "
+                          f"allowed: {', '.join(FLAG_KEYS)}")
+    kind = raw.get("type")
+    if kind not in TYPES:
+        raise SchemaError(f"{where}: type {kind!r} is not one of: {', '.join(TYPES)}")
+    negatable = raw.get("negatable", False)
+    if not isinstance(negatable, bool) or (negatable and kind != "bool"):
+        raise SchemaError(f"{where}: negatable is a boolean, and only for type bool")
+    choices = raw.get("choices", [])
+    if not isinstance(choices, list) or (choices and kind not in ("str", "int", "list")):
+        raise SchemaError(f"{where}: choices is a list, for types str, int and list")
+    elements = raw.get("elements", "str")
+    if elements not in ("str", "int"):
+        raise SchemaError(f"{where}: elements {elements!r} is not one of: str, int")
+    if (raw.get("min") is not None or raw.get("max") is not None) and kind not in ("int", "float", "size"):
+        raise SchemaError(f"{where}: min and max are for types int, float and size")
+    for key in ("min_exclusive", "max_exclusive"):
+        if not isinstance(raw.get(key, False), bool):
+            raise SchemaError(f"{where}: {key} is a boolean")
+    reserved = raw.get("reserved")
+    if reserved is not None and (not isinstance(reserved, str) or not reserved.strip()):
+        raise SchemaError(f"{where}: reserved is a sentence saying where the flag is set instead")
+    helptext = raw.get("help", "")
+    if not isinstance(helptext, str):
+        raise SchemaError(f"{where}: help is a string")
+    return Flag(name=name, type=kind, help=helptext, negatable=negatable, choices=tuple(choices),
+                min=_number(where, "min", raw.get("min")), max=_number(where, "max", raw.get("max")),
+                min_exclusive=raw.get("min_exclusive", False), max_exclusive=raw.get("max_exclusive", False),
+                elements=elements, reserved=reserved)
+
+
+def load_schema(data: Any) -> Schema:
+    """Validate the parsed schema document (``catalogue/vllm_serve_args.yml``)."""
+    if not isinstance(data, dict):
+        raise SchemaError("serve-args schema: the document is a mapping with schema_version, vllm, flags")
+    unknown = [k for k in data if k not in ("schema_version", "vllm", "flags", "env")]
+    if unknown:
+        raise SchemaError(f"serve-args schema: unknown key {unknown[0]!r}; allowed: schema_version, vllm, flags, env")
+    version = data.get("schema_version")
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        raise SchemaError(f"serve-args schema: schema_version {version!r} is not supported (supported: {SCHEMA_VERSION})")
+    flags = data.get("flags")
+    if not isinstance(flags, dict) or not flags:
+        raise SchemaError("serve-args schema: flags is a non-empty mapping of flag name to its description")
+    env = data.get("env") or {}
+    known_env = env.get("known", []) if isinstance(env, dict) else None
+    if not isinstance(known_env, list) or not all(isinstance(n, str) and ENV_NAME_RE.match(n) for n in known_env):
+        raise SchemaError("serve-args schema: env.known is a list of environment variable names")
+    return Schema(vllm=str(data.get("vllm", "")), flags={name: _flag(name, raw) for name, raw in flags.items()},
+                  known_env=tuple(known_env))
+
+
+# --- values --------------------------------------------------------------------------------
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    return {int: "integer", float: "number", str: "string", list: "list", dict: "mapping",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value) if isinstance(value, (str, bool, int, float, type(None))) else repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def text_problem(text: str, *, limit: int = MAX_TEXT, flag_like: bool = True) -> str | None:
+    """Why ``text`` cannot be a value here, or None: too long, a control character (a newline
+    included), or, where it becomes an argv word (``flag_like``), a leading '-'."""
+    if len(text) > limit:
+        return f"is {len(text)} characters long: at most {limit} are allowed"
+    bad = CONTROL_RE.search(text)
+    if bad:
+        return (f"{_show(text)} holds the control character {bad.group()!r} at offset {bad.start()}: "
+                "a value is one line of printable text")
+    if flag_like and text.lstrip().startswith("-"):
+        return (f"{_show(text)} begins with '-': vllm serve --config passes each value as its own "
+                "argument, where it would be read as a flag; a value may not begin with '-'")
+    return None
+
+
+def _nested_problem(value: Any, path: str = "") -> str | None:
+    """Control characters, long strings or flag spellings anywhere in a JSON value; the
+    problem names where (``at .a.b[0]``)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{_label(key)}"
+            problem = text_problem(key, flag_like=False) if isinstance(key, str) else None
+            if problem:
+                return f"at {where} (a key): {problem}"
+            problem = _nested_problem(item, where)
+            if problem:
+                return problem
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            problem = _nested_problem(item, f"{path}[{i}]")
+            if problem:
+                return problem
+    elif isinstance(value, str):
+        # The mapping is one argv word (JSON), but a string in it that spells a flag is refused too.
+        problem = text_problem(value, flag_like=False)
+        if not problem and value.lstrip().startswith("--"):
+            problem = f"{_show(value)} spells a flag: a value may not begin with '--'"
+        if problem:
+            return f"at {path or '.'}: {problem}"
+    return None
+
+
+def _label(key: Any) -> str:
+    """A key as a message may show it: as written, or quoted when it holds a control character."""
+    text = str(key)
+    return text if not CONTROL_RE.search(text) and len(text) <= 80 else _show(text)
+
 
 def _number(where: str, key: str, value: Any) -> float | None:
     if value is None:
@@ -228,13 +368,13 @@ def check_value(flag: Flag, value: Any) -> str | None:
     if kind == "str":
         if not isinstance(value, str) or not value.strip():
             return f"expects a non-empty string, got {_type_name(value)} {_show(value)}"
-        if "\n" in value or "\x00" in value:
-            return "expects a single line of text"
-        return _choice(flag, value)
+        return text_problem(value) or _choice(flag, value)
     if kind == "list":
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not items:
             return f"expects a non-empty list (or one string), got {_type_name(value)} {_show(value)}"
+        if len(items) > MAX_ITEMS:
+            return f"has {len(items)} items: at most {MAX_ITEMS} are allowed"
         element = Flag(name=flag.name, type=flag.elements, choices=flag.choices)
         for i, item in enumerate(items):
             problem = check_value(element, item)
@@ -245,10 +385,12 @@ def check_value(flag: Flag, value: Any) -> str | None:
     if not isinstance(value, dict):
         return f"expects a mapping (written as JSON), got {_type_name(value)} {_show(value)}"
     try:
-        json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         return f"cannot be written as JSON: {exc}"
-    return None
+    if len(text) > MAX_JSON:
+        return f"is {len(text)} characters long as JSON: at most {MAX_JSON} are allowed"
+    return _nested_problem(value)
 
 
 # --- serve args ----------------------------------------------------------------------------
@@ -268,7 +410,7 @@ def _resolve(schema: Schema, key: Any) -> tuple[str | None, bool, str | None]:
                              + (" (leave it out to keep it off)" if base.type == "bool" else ""))
     known = [f.name for f in schema.flags.values() if not f.reserved]
     known += [f"no-{f.name}" for f in schema.flags.values() if f.negatable]
-    return None, False, f"unknown flag --{name} for vllm serve {schema.vllm}{_closest_flag(name, known)}"
+    return None, False, f"unknown flag --{_label(name)} for vllm serve {schema.vllm}{_closest_flag(name, known)}"
 
 
 def _closest_flag(name: str, known) -> str:
@@ -294,7 +436,7 @@ def validate_serve_args(schema: Schema, serve_args: Any, *, role_args: dict | No
     spelled: dict[str, str] = {}
     for key, value in serve_args.items():
         name, negated, problem = _resolve(schema, key)
-        label = f"{where}.{key}"
+        label = f"{where}.{_label(key)}"
         if problem:
             errors.append(f"{label}: {problem}")
             continue
@@ -376,9 +518,9 @@ def validate_env(schema: Schema, env: Any, *, reserved: dict | None = None,
         return {}, [f"{where}: {_show(env)} is not a mapping of variable names to values"], []
     out: dict[str, str] = {}
     for name, value in env.items():
-        label = f"{where}.{name}"
+        label = f"{where}.{_label(name)}"
         if not isinstance(name, str) or not ENV_NAME_RE.match(name):
-            errors.append(f"{label}: {name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            errors.append(f"{label}: {repr(name)[:80]} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
             continue
         if name in reserved:
             errors.append(f"{label}: not set in a profile: {reserved[name]}")
@@ -388,8 +530,9 @@ def validate_env(schema: Schema, env: Any, *, reserved: dict | None = None,
                           "(quote it: environment values are text, for example \"0\" or \"1\")")
             continue
         text = str(value)
-        if any(ch in text for ch in "\n\r\x00"):
-            errors.append(f"{label}: a value is a single line of text")
+        problem = text_problem(text, flag_like=False)
+        if problem:
+            errors.append(f"{label}: {problem}")
             continue
         out[name] = text
         if schema.known_env and name.startswith("VLLM_") and name not in schema.known_env:
@@ -436,8 +579,15 @@ def build(schema_data: Any, profile: Any, *, role_args: dict | None = None, role
                           f"allowed: {', '.join(allowed)}")
     for key in PROFILE_REQUIRED:
         value = profile.get(key)
-        if not isinstance(value, str) or not value.strip() or "\n" in value:
+        if not isinstance(value, str) or not value.strip():
             errors.append(f"profile.{key}: a non-empty single-line string is required, got {_show(value)}")
+            continue
+        problem = text_problem(value, limit=MAX_NAME if key == "name" else MAX_TEXT)
+        if problem:
+            errors.append(f"profile.{key}: {problem}")
+    description = profile.get("description")
+    if isinstance(description, str) and len(description) > MAX_TEXT:
+        errors.append(f"profile.description: is {len(description)} characters long: at most {MAX_TEXT} are allowed")
 
     serve_args, arg_errors = validate_serve_args(schema, profile.get("serve_args"), role_args=role_args,
                                                  where="profile.serve_args")

@@ -50,6 +50,19 @@ PLAYBOOK_CASES = {
     "profile-flag-wrong-type": (profile(**{"gpu-memory-utilization": "lots"}), "gpu-memory-utilization", 1),
     "profile-flag-out-of-range": (profile(**{"gpu-memory-utilization": 1.5}), "gpu-memory-utilization", 1),
     "profile-nvfp4-kv-cache-on-sm120": (profile(**{"kv-cache-dtype": "nvfp4"}), "nvfp4-kv-cache-sm12x", 3),
+    # flag injection and oversized values (issue 14): vllm serve --config makes each list item an argv word
+    "profile-list-item-sets-the-api-key": (
+        profile(**{"served-model-name": ["qwen", "--api-key", "known-key", "--host", "0.0.0.0"]}),
+        "--served-model-name item 1", 1),
+    "profile-value-begins-with-a-dash": (profile(tokenizer="--host=0.0.0.0"), "begins with '-'", 1),
+    "profile-value-with-a-newline": (profile(tokenizer="qwen\n--port 1"), "control character", 1),
+    "profile-mapping-spells-a-flag": (profile(**{"compilation-config": {"level": "--api-key"}}),
+                                      "spells a flag", 1),
+    "profile-reserved-flag-port": (profile(port=9999), "--port is not set in a profile", 1),
+    "profile-model-too-long": ({"vllm_fleet_profile": {**NVFP4, "model": "m" * 20000}},
+                               "profile.model: is 20000 characters long: at most 4096", 1),
+    "profile-name-with-control-character": ({"vllm_fleet_profile": {**NVFP4, "name": "stable\x1b[2J"}},
+                                            "profile.name", 1),
     # accepted risks
     "accept-unknown-id": ({"vllm_fleet_accepted_risks": [{"id": "no-such-issue", "reason": "x"}]},
                           "id 'no-such-issue' is not in the known-issues catalogue", 1),

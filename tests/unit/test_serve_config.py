@@ -252,6 +252,75 @@ def test_an_unknown_suggestion_never_proposes_a_reserved_flag():
     assert "did you mean" not in one_error(profile(serve_args={"api-keys": "x"}))
 
 
+# --- flag injection (issue 14) -------------------------------------------------------------
+
+def test_the_served_model_name_injection_is_refused():
+    """vllm serve --config makes each list item its own argv word: this list would set the
+    API key and the bind address the role owns."""
+    message = one_error(profile(serve_args=args_of(
+        {"served-model-name": ["qwen", "--api-key", "known-key", "--host", "0.0.0.0"]})))
+    assert message.startswith("profile.serve_args.served-model-name: --served-model-name item 1:")
+    assert "\"--api-key\" begins with '-'" in message and "may not begin with '-'" in message
+
+
+def test_a_plain_list_of_names_still_renders():  # negative control of the injection test
+    result = build(SCHEMA_DOC, profile(serve_args=args_of({"served-model-name": ["qwen", "qwen-nvfp4"]})),
+                   role_args=ROLE_ARGS)
+    assert result["config"]["served-model-name"] == ["qwen", "qwen-nvfp4"]
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("tokenizer", "--api-key", "begins with '-'"),
+    ("tokenizer", " -x", "begins with '-'"),
+    ("tokenizer", "a\n--host 0.0.0.0", "control character '\\n'"),
+    ("tokenizer", "a\rb", "control character '\\r'"),
+    ("tokenizer", "a\x1b[2Jb", "control character '\\x1b'"),
+    ("tokenizer", "a\u2028b", "control character"),
+    ("tokenizer", "x" * 5000, "is 5000 characters long: at most 4096"),
+    ("served-model-name", "-q", "begins with '-'"),
+    ("served-model-name", ["ok", "x\ny"], "item 1"),
+    ("served-model-name", ["n"] * 65, "has 65 items: at most 64"),
+    ("compilation-config", {"level": 3, "note": "a\nb"}, "at .note"),
+    ("compilation-config", {"custom_ops": ["--api-key"]}, "at .custom_ops[0]: \"--api-key\" spells a flag"),
+    ("compilation-config", {"a\nb": 1}, "(a key)"),
+    ("compilation-config", {"pad": "x" * 70000}, "characters long as JSON"),
+])
+def test_values_that_could_inject_or_overflow_are_refused_in_every_shape(flag, value, expected):
+    message = one_error(profile(serve_args=args_of({flag: value})))
+    assert message.startswith(f"profile.serve_args.{flag}:") and expected in message, message
+    assert len(message) < 400  # a 5000-character value is not echoed whole
+
+
+def test_a_mapping_may_hold_a_single_dash_value():  # negative control: vLLM's custom_ops "-op"
+    result = build(SCHEMA_DOC, profile(serve_args=args_of({"compilation-config": {"custom_ops": ["-rms_norm"]}})),
+                   role_args=ROLE_ARGS)
+    assert result["config"]["compilation-config"] == {"custom_ops": ["-rms_norm"]}
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("model", "--api-key", "begins with '-'"),
+    ("model", "/models/q\n--host", "control character"),
+    ("model", "m" * (10 * 1024 * 1024), "at most 4096"),
+    ("name", "stable\x07", "control character '\\x07'"),
+    ("name", "n" * 129, "at most 128"),
+])
+def test_profile_name_and_model_are_one_short_line(key, value, expected):
+    message = one_error(profile(**{key: value}))
+    assert message.startswith(f"profile.{key}: ") and expected in message, message[:300]
+
+
+def test_env_values_refuse_control_characters_and_length_but_may_begin_with_a_dash():
+    env, errors, _ = validate_env(SCHEMA, {"A": "-1", "B": "a\x1bb", "C": "x" * 5000})
+    assert env == {"A": "-1"}
+    assert errors[0].startswith("env.B:") and "control character" in errors[0]
+    assert errors[1].startswith("env.C:") and "at most 4096" in errors[1]
+
+
+def test_a_key_with_a_control_character_is_shown_quoted():
+    message = one_error(profile(serve_args=args_of({"bogus\nflag": 1})))
+    assert "\n" not in message and "bogus\\nflag" in message
+
+
 # --- environment ---------------------------------------------------------------------------
 
 def test_env_values_are_text():
