@@ -39,12 +39,13 @@ sim-down:
 	@python scripts/sim-fleet down
 
 # Everything: unit tests, module docs, ansible-lint, the simulated-node tests. Three workers
-# on 2 cores, one file each at a time: the simulated nodes mostly wait (boots, soaks,
-# readiness), and a file's tests share its nodes (tests/conftest.py orders the files).
+# on 2 cores, one file (or Molecule scenario) each at a time: the simulated nodes mostly
+# wait (boots, soaks, readiness), and a file's tests share its nodes (tests/conftest.py
+# orders the files).
 PYTEST_WORKERS ?= 3
 test: setup
 	@mkdir -p reports/junit
-	@pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=15 \
+	@pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadscope --durations=15 \
 		--junitxml=reports/junit/pytest.xml $(PYTEST_ARGS)
 
 unit: setup

@@ -1,13 +1,16 @@
-"""Suite-wide ordering for `make test`'s workers (pytest-xdist, --dist loadfile): the
-longest files are handed out first, so the workers finish at about the same time instead
-of one starting the rollout story after the other has run out of work."""
+"""Suite-wide scheduling for `make test`'s workers (pytest-xdist, --dist loadscope): a
+file's tests run on one worker and share its fleet; the Molecule scenarios are one class
+each (tests/molecule/test_molecule.py), so each is a unit of its own. The longest files
+are handed out first, so the workers finish at about the same time instead of one
+starting the fault matrix after the others have run out of work."""
 from __future__ import annotations
 
-# Longest first, from a run's JUnit times (2026-12-03); every other file takes under 3 minutes.
-LONGEST_FIRST = ("tests/integration/test_rollout.py", "tests/integration/test_faults.py",
-                 "tests/molecule/test_molecule.py", "tests/integration/test_vllm_service.py",
-                 "tests/integration/test_coredump.py", "tests/integration/test_vllm_runtime.py",
-                 "tests/integration/test_bad_input.py")
+# Longest first, from a run's JUnit times (2026-12-03, SSH to the nodes); every other file
+# takes under 3 minutes.
+LONGEST_FIRST = ("tests/integration/test_faults.py", "tests/integration/test_vllm_service.py",
+                 "tests/integration/test_rollout.py", "tests/molecule/test_molecule.py",
+                 "tests/integration/test_preflight.py", "tests/integration/test_bad_input.py",
+                 "tests/integration/test_vllm_runtime.py", "tests/integration/test_coredump.py")
 
 
 def _rank(item) -> int:
