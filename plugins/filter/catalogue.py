@@ -13,6 +13,8 @@ description:
     roles that judge a plan.
   - Fails naming the file when it cannot be read or is not YAML (with the line and column
     of the first error); the catalogue's schema is checked by the modules that use it.
+  - Reads with the collection's strict loader (see the yaml_file filter) - no anchors or
+    aliases, no duplicate keys, at most 1 MiB - before any module runs.
 positional: _input
 options:
   _input:
@@ -36,21 +38,16 @@ _value:
   type: dict
 """
 
-import yaml
 from ansible.errors import AnsibleFilterError
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.strict_yaml import StrictYAMLError, load_file
 
 
 def catalogue(path):
     try:
-        with open(path, encoding="utf-8") as handle:
-            return yaml.safe_load(handle)
-    except OSError as exc:
-        raise AnsibleFilterError(f"vllm_fleet_catalogue_path: cannot read {path}: {exc.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        return load_file(path)
+    except StrictYAMLError as exc:
         raise AnsibleFilterError(
-            f"vllm_fleet_catalogue_path: {path} is not YAML{at}: {getattr(exc, 'problem', None) or exc}. "
+            f"vllm_fleet_catalogue_path: {exc}. "
             "Fix the file or point vllm_fleet_catalogue_path at the catalogue (catalogue/known_issues.yml)"
         ) from None
 

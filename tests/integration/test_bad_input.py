@@ -19,6 +19,11 @@ from tests.integration.test_cli import vllm_fleet
 
 BAD_CATALOGUE = "schema_version: 1\nknown_issues:\n  - id: incomplete-entry\n    title: an entry with no match and no fix\n"
 NOT_YAML = "known_issues: [\n  - {id: \"unterminated\n"
+# 414 bytes that YAML's aliases expand to 9**9 references (152 MB of module arguments before issue 14)
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n" + "".join(
+    f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("bcdefgh", "cdefghi"))
+DUPLICATE_KEY = "schema_version: 1\nknown_issues: []\nknown_issues: []\n"
+TOO_LARGE = "schema_version: 1\nknown_issues: []\n#" + "x" * (1024 * 1024) + "\n"
 
 
 def release(**pins) -> dict:
@@ -73,6 +78,19 @@ PLAYBOOK_CASES = {
                           "/nonexistent/known_issues.yml", 1),
     "catalogue-incomplete-entry": ("BAD_CATALOGUE", "incomplete-entry", 1),
     "catalogue-not-yaml": ("NOT_YAML", "is not YAML (line 2, column 3)", 1),
+    "catalogue-alias-bomb": ("ALIAS_BOMB", "an anchor (&a) is not allowed", 1),
+    "catalogue-duplicate-key": ("DUPLICATE_KEY", "duplicate key 'known_issues' (first at line 2)", 1),
+    "catalogue-too-large": ("TOO_LARGE", "is larger than 1048576 bytes", 1),
+    # risky environment names: blockers of the catalogue, unless accepted by id with a reason
+    "profile-env-ld-preload": ({"vllm_fleet_profile": {**NVFP4, "env": {**NVFP4["env"], "LD_PRELOAD": "/tmp/x.so"}}},
+                               "env-ld-preload", 3),
+    "profile-env-pythonpath": ({"vllm_fleet_profile": {**NVFP4, "env": {**NVFP4["env"], "PYTHONPATH": "/tmp"}}},
+                               "env-pythonpath", 3),
+    "profile-env-vllm-server-dev-mode": (
+        {"vllm_fleet_profile": {**NVFP4, "env": {**NVFP4["env"], "VLLM_SERVER_DEV_MODE": "1"}}},
+        "env-vllm-server-dev-mode", 3),
+    "profile-env-value-with-escape": ({"vllm_fleet_profile": {**NVFP4, "env": {**NVFP4["env"], "X": "a\x1b[2J"}}},
+                                      "profile.env.X", 1),
     # inventory: instances, batches, soak, API key
     "instance-port-not-a-number": (instances({"name": "gpu0", "gpu": 0, "port": "http"}), "port", 1),
     "instance-name-with-space": (instances({"name": "GPU 0", "gpu": 0, "port": 18751}), "vllm_fleet_instances", 1),
@@ -90,6 +108,14 @@ PLAYBOOK_CASES = {
     "soak-minimum-beyond-duration": ({"vllm_fleet_soak_min_duration_s": 99999}, "vllm_fleet_soak_min_duration_s", 1),
     "soak-wedge-window-under-two-samples": ({"vllm_fleet_soak_wedge_window_s": 1}, "vllm_fleet_soak_wedge_window_s", 1),
     "api-key-with-spaces": ({"vllm_fleet_service_api_key": "not a key"}, "vllm_fleet_service_api_key", 1),
+    # whole-value matches: $ would accept a final newline (issue 14)
+    "api-key-with-a-trailing-newline": ({"vllm_fleet_service_api_key": "a" * 20 + "\n"},
+                                        "vllm_fleet_service_api_key may hold only", 1),
+    "api-key-too-long": ({"vllm_fleet_service_api_key": "a" * 2000}, "vllm_fleet_service_api_key may hold only", 1),
+    "instance-name-with-a-trailing-newline": (instances({"name": "gpu0\n", "gpu": 0, "port": 18751}),
+                                              "vllm_fleet_instances", 1),
+    "profile-name-unknown-with-path": ({"vllm_fleet_profile_name": "../catalogue/known_issues"},
+                                       "is not a profile", 1),
 }
 
 CLI_CASES = {

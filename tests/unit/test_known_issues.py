@@ -32,6 +32,11 @@ RETIRED = "gpu-retired-pages-pending"
 REMAP_PENDING = "gpu-row-remap-pending"
 REMAP_FAILURE = "gpu-row-remap-failure"
 EXIT0 = "vllm-api-server-exits-0-on-engine-death"
+# Environment names that change what code runs or what the API exposes (issue 14).
+RISKY_ENV = {"LD_PRELOAD": "env-ld-preload", "LD_LIBRARY_PATH": "env-ld-library-path", "LD_AUDIT": "env-ld-audit",
+             "PYTHONPATH": "env-pythonpath", "PYTHONHOME": "env-pythonhome", "PYTHONSTARTUP": "env-pythonstartup",
+             "VLLM_SERVER_DEV_MODE": "env-vllm-server-dev-mode",
+             "VLLM_ALLOW_INSECURE_SERIALIZATION": "env-vllm-allow-insecure-serialization"}
 
 
 def device(index=0, cc="12.0", **fields):
@@ -77,7 +82,7 @@ def find(findings, entry_id):
 def test_shipped_catalogue_validates_and_has_the_required_entries():
     assert CATALOGUE_DOC["schema_version"] == 1
     assert {e.id for e in ENTRIES} == {CUDNN, NVFP4_KV, E8M0, EAGER, B12X, CUDA13, RETIRED,
-                                       REMAP_PENDING, REMAP_FAILURE, EXIT0}
+                                       REMAP_PENDING, REMAP_FAILURE, EXIT0, *RISKY_ENV.values()}
     severity = {e.id: e.severity for e in ENTRIES}
     assert [k for k, v in severity.items() if v == "warning"] == [EAGER, B12X, EXIT0]
     assert all(e.evidence for e in ENTRIES)
@@ -326,6 +331,20 @@ def test_accepting_a_blocker_with_a_reason():
     finding = find(report["accepted"], CUDNN)
     assert finding["accepted"] is True and finding["accepted_reason"] == reason
     assert find(report["planned"], CUDNN)["accepted"] is True
+
+
+@pytest.mark.parametrize("name", RISKY_ENV)
+def test_a_risky_env_name_blocks_whatever_its_value_unless_accepted(name):
+    for value in ("/tmp/x.so", "", "0"):
+        report = judge(ENTRIES, gpu(), None, plan(env={name: value}), [])
+        assert report["verdict"] == "block" and ids(report["blockers"]) == {RISKY_ENV[name]}, (name, value)
+    accepted = judge(ENTRIES, gpu(), None, plan(env={name: "1"}), [{"id": RISKY_ENV[name], "reason": "lab bisect"}])
+    assert accepted["verdict"] == "warn" and accepted["blockers"] == []
+
+
+def test_the_stable_env_and_a_harmless_name_block_nothing():  # negative control of the risky names
+    report = judge(ENTRIES, gpu(), None, plan(env={"VLLM_USE_DEEP_GEMM_E8M0": "0", "VLLM_LOGGING_LEVEL": "INFO"}), [])
+    assert report["blockers"] == []
 
 
 def test_accepting_one_blocker_leaves_the_others_blocking():
