@@ -26,7 +26,7 @@ from typing import NoReturn, TextIO
 from . import __version__, junit
 from . import report as html_report
 from .events import collect
-from .extravars import ExtraVarsError, parse_extra_vars
+from .extravars import ExtraVarsError, parse_extra_vars, vault_files
 from .outcome import EXIT_CODE_HELP, OUTCOMES, Decision, ExitCode, decide, read_reports
 from .progress import ProgressFormatter
 
@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     opts.add_argument("-l", "--limit", metavar="PATTERN", help="limit the run to these hosts/groups, as in Ansible")
     opts.add_argument("-e", "--extra-vars", action="append", metavar="VARS", default=[],
                       help="extra variables as key=value, inline JSON/YAML, or @file (repeatable; later wins)")
+    opts.add_argument("--vault-id", action="append", metavar="ID", default=[],
+                      help="a vault identity for ansible-playbook (label@source; repeatable)")
+    opts.add_argument("--vault-password-file", action="append", metavar="PATH", type=Path, default=[],
+                      help="a vault password file for ansible-playbook (repeatable)")
     opts.add_argument("--check", action="store_true", help="run Ansible in check mode (a dry run)")
     opts.add_argument("--artifacts", metavar="DIR", type=Path,
                       help="directory for this run's artifacts (new or empty); "
@@ -190,6 +194,15 @@ class Plan:
             self.extravars = parse_extra_vars(args.extra_vars, cwd=cwd, reserved=reserved)
         except ExtraVarsError as exc:
             raise UsageError(str(exc)) from None
+        # Vaulted -e @files go to ansible-playbook by path, with the vault options.
+        self.vault_files = vault_files(args.extra_vars, cwd=cwd)
+        self.vault_ids = list(args.vault_id)
+        self.vault_password_files = []
+        for raw in args.vault_password_file:
+            path = raw if raw.is_absolute() else cwd / raw
+            if not path.is_file():
+                raise UsageError(f"--vault-password-file {raw}: no such file")
+            self.vault_password_files.append(path.resolve())
         if self.command == "coredumps":
             self.extravars[COREDUMP_ACTION_VAR] = args.action
 
@@ -322,7 +335,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     report_dir.mkdir(exist_ok=True)  # playbooks write their reports here (vllm_fleet_report_dir)
     request = RunRequest(project_dir=plan.project_dir, playbook=plan.playbook, inventories=plan.inventories,
                          private_data_dir=artifacts, ident=plan.command, limit=plan.limit,
-                         extravars={**plan.extravars, REPORT_DIR_VAR: str(report_dir)}, check=plan.check)
+                         extravars={**plan.extravars, REPORT_DIR_VAR: str(report_dir)}, check=plan.check,
+                         vault_files=plan.vault_files, vault_ids=plan.vault_ids,
+                         vault_password_files=plan.vault_password_files)
     formatter = ProgressFormatter(verbose=args.verbose)
     events: list[dict] = []
 

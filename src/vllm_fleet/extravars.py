@@ -77,12 +77,45 @@ def parse_one(raw: str, cwd: Path | None = None) -> dict:
     return result
 
 
+def _file_of(raw: str, cwd: Path | None) -> Path | None:
+    text = raw.strip()
+    if not text.startswith("@"):
+        return None
+    path = Path(text[1:]).expanduser()
+    return cwd / path if cwd is not None and not path.is_absolute() else path
+
+
+def is_vaulted(path: Path) -> bool:
+    """A vault-encrypted file, or YAML with inline ``!vault`` values: only ansible-playbook,
+    with the vault secrets, can read it."""
+    try:
+        head = path.read_bytes()[:1024 * 1024]
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"$ANSIBLE_VAULT;") or b"!vault" in head
+
+
+def vault_files(values: list[str] | None, cwd: Path | None = None) -> list[Path]:
+    """The ``-e @file`` values that are vaulted, in order: passed on to ansible-playbook as
+    ``-e @<absolute path>`` (a path, never the secret), not read here."""
+    out = []
+    for raw in values or []:
+        path = _file_of(raw, cwd)
+        if path is not None and path.is_file() and is_vaulted(path):
+            out.append(path.resolve())
+    return out
+
+
 def parse_extra_vars(values: list[str] | None, cwd: Path | None = None,
                      reserved: dict[str, str] | None = None) -> dict:
     """Merge every -e value in order; a later one replaces a top-level key, as in Ansible.
     reserved maps variable names the CLI sets itself to the option to use instead."""
     merged: dict = {}
+    vaulted = set(vault_files(values, cwd))
     for raw in values or []:
+        path = _file_of(raw, cwd)
+        if path is not None and path.is_file() and path.resolve() in vaulted:
+            continue  # ansible-playbook decrypts it (vault_files)
         merged.update(parse_one(raw, cwd))
     for name, instead in (reserved or {}).items():
         if name in merged:

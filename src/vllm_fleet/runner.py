@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -30,6 +31,9 @@ class RunRequest:
     limit: str | None = None
     extravars: dict = field(default_factory=dict)
     check: bool = False
+    vault_files: list[Path] = field(default_factory=list)  # -e @file that ansible-playbook decrypts
+    vault_ids: list[str] = field(default_factory=list)
+    vault_password_files: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -66,15 +70,37 @@ def runner_kwargs(request: RunRequest, event_handler: Callable[[dict], bool]) ->
     }
     if request.limit:
         kwargs["limit"] = request.limit
-    if request.check:
-        kwargs["cmdline"] = "--check"
+    cmdline = ["--check"] if request.check else []
+    for vault_id in request.vault_ids:
+        cmdline += ["--vault-id", vault_id]
+    for path in request.vault_password_files:
+        cmdline += ["--vault-password-file", str(path)]
+    for path in request.vault_files:
+        cmdline += ["-e", f"@{path}"]
+    if cmdline:
+        kwargs["cmdline"] = " ".join(shlex.quote(word) for word in cmdline)
     return kwargs
+
+
+def scrub_extravars(private_data_dir: Path) -> None:
+    """ansible-runner writes every extra var in plaintext to <private_data_dir>/env/extravars
+    and hands ansible-playbook `-e @` that file: remove it after the run, so an API key given
+    with -e is not kept with the artifacts CI uploads."""
+    for name in ("extravars", "passwords", "ssh_key"):
+        try:
+            (private_data_dir / "env" / name).unlink()
+        except FileNotFoundError:
+            pass
 
 
 def run(request: RunRequest, on_event: Callable[[dict], None]) -> RunResult:
     import ansible_runner  # imported late: `vllm-fleet --help` stays fast
 
     request.private_data_dir.mkdir(parents=True, exist_ok=True)
+    # Only the user who runs vllm-fleet may read what ansible-runner writes there (the extra
+    # vars, until scrub_extravars removes them).
+    (request.private_data_dir / "env").mkdir(mode=0o700, exist_ok=True)
+    scrub_extravars(request.private_data_dir)  # a stale file would send new extra vars inline on argv
 
     def handler(event: dict) -> bool:
         on_event(event)
@@ -86,6 +112,7 @@ def run(request: RunRequest, on_event: Callable[[dict], None]) -> RunResult:
     try:
         result = ansible_runner.run(**runner_kwargs(request, handler))
     finally:
+        scrub_extravars(request.private_data_dir)
         if threading.current_thread() is threading.main_thread():
             for sig, previous in saved.items():
                 signal.signal(sig, previous)
