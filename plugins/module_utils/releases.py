@@ -270,6 +270,15 @@ _MISSING_PATTERNS = (
 )
 
 
+# user:password@ (or a token@) in a URL: never written to a manifest, a message or a report.
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
+
+
+def redact_url(text) -> str:
+    """``https://user:token@host/simple`` -> ``https://<redacted>@host/simple``, anywhere in ``text``."""
+    return _URL_CREDENTIALS.sub(r"\1<redacted>@", str(text))
+
+
 def describe_source(source) -> str:
     """'the offline wheelhouse /srv/wheelhouse' or 'index https://pypi.org/simple' (+ find-links)."""
     source = source or {}
@@ -280,7 +289,7 @@ def describe_source(source) -> str:
     parts = [f"index {source.get('index_url') or 'https://pypi.org/simple (uv default)'}"]
     parts += [f"extra index {url}" for url in source.get("extra_index_urls") or []]
     parts += [f"find-links {path}" for path in find_links]
-    return ", ".join(parts)
+    return redact_url(", ".join(parts))
 
 
 def resolve_failure(result, release, source) -> str:
@@ -299,7 +308,7 @@ def resolve_failure(result, release, source) -> str:
     else:
         why = "uv could not resolve it (see below)"
     tail = "\n".join(stderr.splitlines()[-12:]) or f"(no output, exit status {result.get('rc')})"
-    return (
+    return redact_url(
         f"release {release_id(plan)}: cannot resolve {what} from {describe_source(source)}: {why}. "
         f"Nothing was installed: releases/{release_id(plan)} was not created and the serving release is untouched. "
         f"uv said:\n{tail}"
@@ -373,8 +382,8 @@ def build_manifest(*, release, lock_text, check, cudnn_facts, cudnn_required_by,
         "cudnn": facts,
         "tools": dict(tools or {}),
         "source": {
-            "index_url": (source or {}).get("index_url") or None,
-            "extra_index_urls": list((source or {}).get("extra_index_urls") or []),
+            "index_url": redact_url((source or {}).get("index_url")) if (source or {}).get("index_url") else None,
+            "extra_index_urls": [redact_url(url) for url in (source or {}).get("extra_index_urls") or []],
             "find_links": list((source or {}).get("find_links") or []),
             "offline": bool((source or {}).get("offline")),
         },

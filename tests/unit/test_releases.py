@@ -1,4 +1,5 @@
 """module_utils/releases.py as plain Python: what a build resolved, and pruning."""
+import json
 import os
 import time
 
@@ -203,6 +204,21 @@ def test_sources_are_described():
         "index https://pypi.org/simple (uv default), find-links /w"
     assert describe_source({"index_url": "https://i", "extra_index_urls": ["https://e"]}) == \
         "index https://i, extra index https://e"
+
+
+SECRET_SOURCE = {"index_url": "https://ci:s3cretTOKEN@mirror.example/simple",
+                 "extra_index_urls": ["https://__token__:pypiSECRET@extra.example/simple"], "find_links": []}
+
+
+def test_credentials_in_index_urls_are_redacted_in_messages_and_the_manifest():
+    stderr = "error: Failed to fetch: https://ci:s3cretTOKEN@mirror.example/simple/vllm/"
+    message = resolve_failure({"rc": 2, "stderr": stderr}, PLAN, SECRET_SOURCE)
+    recorded = json.dumps(manifest(source=SECRET_SOURCE)) + describe_source(SECRET_SOURCE)
+    for text in (message, recorded):
+        assert "s3cretTOKEN" not in text and "pypiSECRET" not in text and "__token__" not in text
+        assert "https://<redacted>@mirror.example/simple" in text
+    # negative control: a URL without credentials is kept as it is
+    assert describe_source({"index_url": "https://mirror.example/simple"}) == "index https://mirror.example/simple"
 
 
 # --- the manifest ----------------------------------------------------------------------------
