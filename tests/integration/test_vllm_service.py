@@ -236,7 +236,7 @@ def test_systemd_analyze_security_exposure(served, record_property):
     still_open = [line.split()[1] for line in out.splitlines() if line.startswith("✗")]
     record_property("exposure", exposure)
     print(f"\nsystemd-analyze security {UNIT}: exposure {exposure}; open: {', '.join(still_open)}")
-    assert 0 < exposure < 5, out  # a sanity bound; the figure is reported, not gated
+    assert 0 < exposure <= 2.0, out  # gated (issue 14); measured 1.6 on systemd 252
 
 
 # --- the API key ------------------------------------------------------------------------------
