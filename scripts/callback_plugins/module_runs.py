@@ -17,7 +17,9 @@ DOCUMENTATION = """
 name: module_runs
 type: aggregate
 short_description: counts module runs per node (vllm-fleet's benchmarks)
-description: Writes {"node": {host: n}, "controller": {host: n}, "actions": {host: {action: n}}} to $VLLM_FLEET_MODULE_RUNS.
+description:
+  - Writes the module runs per node, the controller-side tasks per node and the actions per node as JSON
+    to the file named by the environment variable VLLM_FLEET_MODULE_RUNS, at the end of the run.
 """
 
 # Actions the controller runs itself (no module is sent to the node).
