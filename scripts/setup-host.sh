@@ -15,8 +15,10 @@ fi
 # --- (a) host packages -------------------------------------------------------------
 # podman+runc boot the simulated nodes, debootstrap builds their image, haproxy fronts
 # the fleet, gcc/make build the fake GPU libraries, python3-venv in case python3.11 is
-# Debian's own.
-packages=(podman runc debootstrap haproxy gcc make iproute2 ca-certificates python3-venv chromium fonts-dejavu-core)
+# Debian's own; prometheus (with promtool) checks and runs the fleet_monitoring rules (the
+# tests start their own on a free loopback port, apart from the package's service on 9090).
+packages=(podman runc debootstrap haproxy gcc make iproute2 ca-certificates python3-venv chromium fonts-dejavu-core
+          prometheus)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
