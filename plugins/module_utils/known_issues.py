@@ -147,10 +147,10 @@ def _matcher(where: _Where, field: str, value: Any, strings_only: bool = False) 
     for i, item in enumerate(values):
         if strings_only and not (item is None or isinstance(item, str)):
             raise where.error(f"{field}.{kind}[{i}]", f"{item!r} is not allowed: environment "
-                                                     "values are strings, quote it")
+                                                      "values are strings, quote it")
         if not (item is None or isinstance(item, (str, int, float, bool))):
             raise where.error(f"{field}.{kind}[{i}]", f"{item!r} is not allowed: a string, "
-                                                     "number, boolean or null is required")
+                                                      "number, boolean or null is required")
     return Matcher(kind, tuple(values))
 
 

@@ -522,7 +522,7 @@ def prune_releases(root: str, keep: int, protect=(), links=DEFAULT_LINKS, check_
         "kept": [{"name": r.name, "reasons": reasons} for r, reasons in kept],
         "removed": gone,
         "removed_leftovers": leftovers,
-        "protected": {name: reasons for name, reasons in sorted(protected.items())},
+        "protected": dict(sorted(protected.items())),
         "links": link_info,
         "ignored": ignored,
         "message": message,

@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 
 # The Prometheus parser and the notion of progress, shared with the node watchdog; the
 # parser stays importable from here (vllm_metrics, older callers).
+# pylint: disable-next=unused-import
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import (  # noqa: F401
     SERIES,
     EngineMetrics,
@@ -1013,7 +1014,7 @@ class NodeProbe:
     def _command(self, argv: list[str], timeout: float = 10) -> str:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         try:
-            proc = self._run(argv, capture_output=True, text=True, timeout=timeout, errors="replace")
+            proc = self._run(argv, capture_output=True, text=True, timeout=timeout, errors="replace", check=False)
         except (OSError, subprocess.TimeoutExpired):
             return ""
         finally:

@@ -168,7 +168,7 @@ class WatchdogState:
         data = json.loads(text)
         if not isinstance(data, dict) or data.pop("schema_version", None) != SCHEMA_VERSION:
             raise ValueError(f"not a watchdog state of schema_version {SCHEMA_VERSION}")
-        unknown = set(data) - {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)}")
         state = cls(**data)
@@ -378,7 +378,7 @@ class Observer:
     def systemd(self) -> dict[str, str]:
         argv = ["systemctl", "show", self.cfg.unit] + [f"--property={p}" for p in self.SHOW]
         try:
-            proc = self._run(argv, capture_output=True, text=True, timeout=20)
+            proc = self._run(argv, capture_output=True, text=True, timeout=20, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return {}
         return parse_systemctl_show(proc.stdout) if proc.returncode == 0 else {}
@@ -406,7 +406,7 @@ class Observer:
         """Queue a restart of the unit; do not wait for it (the stop and the model load take minutes)."""
         argv = ["systemctl", "restart", "--no-block", self.cfg.unit]
         try:
-            proc = self._run(argv, capture_output=True, text=True, timeout=30)
+            proc = self._run(argv, capture_output=True, text=True, timeout=30, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return False, str(exc)
         return proc.returncode == 0, (proc.stderr or proc.stdout or "").strip()[-500:]

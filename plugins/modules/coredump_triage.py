@@ -74,7 +74,7 @@ seealso:
 extends_documentation_fragment:
   - vllm_fleet.fleet.read_only
 author:
-  - vllm-fleet contributors
+  - vllm-fleet contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -207,7 +207,8 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 try:
-    import packaging.specifiers  # noqa: F401 -- the catalogue loader needs it; checked here to fail cleanly
+    # the catalogue loader needs it; checked here to fail cleanly
+    import packaging.specifiers  # noqa: F401 pylint: disable=unused-import
 except ImportError:
     PACKAGING_IMPORT_ERROR = traceback.format_exc()
 else:

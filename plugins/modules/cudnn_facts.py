@@ -52,7 +52,7 @@ seealso:
 extends_documentation_fragment:
   - vllm_fleet.fleet.read_only
 author:
-  - vllm-fleet contributors
+  - vllm-fleet contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -191,7 +191,7 @@ try:
     )
 except ImportError as exc:
     # packaging is the one third-party import of module_utils; anything else missing is a bug.
-    if (exc.name or "").split(".")[0] != "packaging":
+    if (exc.name or "").split(".", maxsplit=1)[0] != "packaging":
         raise
     IMPORT_ERROR = traceback.format_exc()
 else:

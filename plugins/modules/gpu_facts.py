@@ -40,7 +40,7 @@ attributes:
     support: full
     description: Sets C(vllm_fleet_gpu).
 author:
-  - vllm-fleet contributors
+  - vllm-fleet contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -57,7 +57,7 @@ attributes:
     support: none
     description: The result lists what was kept and removed, and why.
 author:
-  - vllm-fleet contributors
+  - vllm-fleet contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

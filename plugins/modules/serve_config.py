@@ -73,7 +73,7 @@ attributes:
 seealso:
   - module: vllm_fleet.fleet.preflight
 author:
-  - vllm-fleet contributors
+  - vllm-fleet contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -148,8 +148,8 @@ options:
   target_mtbf_hours:
     description:
       - A mean time between crashes to demonstrate at O(confidence). The verdict then says
-        whether the soak was long enough (RV(soak.proof.long_enough)) and how many minutes
-        without a crash one must be (RV(soak.proof.required_minutes)). It does not fail the
+        whether the soak was long enough (C(long_enough) in RV(soak.proof)) and how many minutes
+        without a crash one must be (C(required_minutes) there). It does not fail the
         soak by itself.
     type: float
   confidence:
@@ -193,7 +193,7 @@ attributes:
     support: none
     description: Nothing to diff.
 author:
-  - vllm-fleet contributors
+  - vllm-fleet contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -346,7 +346,7 @@ OPTIONS = dict(
     venv=dict(type="path", required=True),
     model=dict(type="str"),
     served_model_name=dict(type="str"),
-    tokenizer=dict(type="str"),
+    tokenizer=dict(type="str", no_log=False),  # a model name, not a token
     duration_s=dict(type="float", required=True),
     min_duration_s=dict(type="float", default=0),
     concurrency=dict(type="int", default=32),

@@ -40,7 +40,7 @@ attributes:
     support: none
     description: Nothing to diff.
 author:
-  - vllm-fleet contributors
+  - vllm-fleet contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

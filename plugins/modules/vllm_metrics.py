@@ -23,7 +23,7 @@ options:
 extends_documentation_fragment:
   - vllm_fleet.fleet.read_only
 author:
-  - vllm-fleet contributors
+  - vllm-fleet contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""
