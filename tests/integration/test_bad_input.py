@@ -131,10 +131,13 @@ def node(node_image, fake_nvml_lib, tmp_path_factory):
     prefix = f"{PREFIX}bad-"
     started = simnode.start_node("node01", nvml_lib=fake_nvml_lib, nvml_profile=profile_path("rtx_pro_6000"),
                                  image=node_image, prefix=prefix)
+    directory = tmp_path_factory.mktemp("bad-input")
     inventory = simnode.write_inventory(
-        [started], tmp_path_factory.mktemp("bad-input") / "inventory.yml", {"canary": ["node01"]},
+        [started], directory / "inventory.yml", {"canary": ["node01"]},
         all_vars={"vllm_fleet_runtime_offline": True, "vllm_fleet_runtime_find_links": ["/srv/wheelhouse"],
-                  "vllm_fleet_accepted_risks": [EXIT0], "vllm_fleet_release": FIXED})
+                  "vllm_fleet_accepted_risks": [EXIT0], "vllm_fleet_release": FIXED,
+                  # A rollout lock of its own (on this host): test sessions run side by side.
+                  "vllm_fleet_rollout_lock_path": str(directory / "rollout.lock")})
     yield started, inventory
     simnode.remove_nodes(prefix)
 

@@ -25,7 +25,9 @@ def inventory(tmp_path, nodes: int = 4, canary: list[str] | None = None):
     canary = names[:1] if canary is None else canary
     hosts = {name: {"ansible_host": "127.0.0.1", "ansible_port": 9, "ansible_connection": "ssh",
                     "vllm_fleet_instances": [{"name": "gpu0", "gpu": 0, "port": 8001}]} for name in names}
-    data = {"all": {"hosts": hosts, "children": {
+    # A lease of its own: runs that pass the plan checks take the rollout lock on localhost.
+    data = {"all": {"hosts": hosts, "vars": {"vllm_fleet_rollout_lock_path": str(tmp_path / "rollout.lock")},
+                    "children": {
         "canary": {"hosts": {name: {} for name in canary}},
         "fleet": {"hosts": {name: {} for name in names if name not in canary}}}}}
     tmp_path.mkdir(parents=True, exist_ok=True)

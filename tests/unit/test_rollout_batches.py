@@ -45,7 +45,8 @@ def _batched_play(tmp_path, inventory_vars: dict, *args: str) -> subprocess.Comp
     batch check, on seven local hosts."""
     import yaml
 
-    play = yaml.safe_load((ROOT / "playbooks" / "rollout.yml").read_text())[-1]
+    play = next(play for play in yaml.safe_load((ROOT / "playbooks" / "rollout.yml").read_text()) if "serial" in play
+                and play["serial"] == "{{ vllm_fleet_rollout_batches }}")
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(json.dumps({"all": {"vars": inventory_vars,
                                              "hosts": {h: {"ansible_connection": "local"} for h in HOSTS}}}))

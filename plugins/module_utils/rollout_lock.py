@@ -1,0 +1,228 @@
+"""The rollout lock: a lease file (JSON) that one rollout.yml run holds at a time, as plain
+Python so it can be tested without Ansible.
+
+A lease names its holder (an id unique to the run), the controller host, the pid and user
+of the ansible-playbook process, when it was taken and when it expires. It is created
+atomically (written aside, then hard-linked into place: link fails if the name exists, so
+of two runs taking it at once exactly one wins), renewed and released only by its holder.
+A lease past its expiry, or whose process is provably gone (the lease names this very host
+as controller and its pid no longer runs), is stale; it is broken only when the operator
+names its holder (break_holder), never on its own.
+"""
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import datetime
+import errno
+import json
+import os
+import socket
+
+FIELDS = ("holder", "controller", "pid", "user", "started", "expires")
+
+
+class LockError(Exception):
+    """Something the operator must act on; the message says what."""
+
+
+class LockHeld(LockError):
+    """Another run holds the lease (or held it, and it is stale but not named to break)."""
+
+    def __init__(self, message, lease):
+        super(LockHeld, self).__init__(message)
+        self.lease = lease
+
+
+def utcnow():
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _iso(moment):
+    return moment.replace(microsecond=0).isoformat()
+
+
+def _parse_time(value):
+    moment = datetime.datetime.fromisoformat(value)
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
+
+
+def pid_alive(pid):
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return True  # another user's process, or a pid we cannot judge: assume it runs
+    return True
+
+
+def read_lease(path):
+    """The lease at path, or None if there is none. A file that is not a lease is an error
+    (never silently replaced: it may be a lease some other version wrote)."""
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except (IOError, OSError) as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise LockError("cannot read the rollout lease %s on %s: %s. Set vllm_fleet_rollout_lock_path to a file "
+                        "the connecting user may read and write. Nothing was changed."
+                        % (path, socket.gethostname(), exc))
+    try:
+        lease = json.loads(text)
+        missing = [field for field in FIELDS if field not in lease]
+        if missing:
+            raise ValueError("missing %s" % ", ".join(missing))
+        _parse_time(lease["started"])
+        _parse_time(lease["expires"])
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise LockError(
+            "%s on %s is not a rollout lease (%s; it reads %r). If no rollout runs, remove it by hand "
+            "and run again. Nothing was changed." % (path, socket.gethostname(), exc, text[:200]))
+    return lease
+
+
+def describe(lease):
+    return ("holder %s (user %s, controller %s, pid %s), taken %s, expires %s"
+            % (lease["holder"], lease["user"], lease["controller"], lease["pid"], lease["started"],
+               lease["expires"]))
+
+
+def stale_reason(lease, now=None, hostname=None, alive=pid_alive):
+    """Why the lease is stale, or None while it is live."""
+    now = now or utcnow()
+    if _parse_time(lease["expires"]) <= now:
+        return "it expired at %s" % lease["expires"]
+    if lease["controller"] == (hostname or socket.gethostname()) and not alive(lease["pid"]):
+        return "its process (pid %s on %s) no longer runs" % (lease["pid"], lease["controller"])
+    return None
+
+
+def _write_new(path, lease):
+    """Create path with the lease, atomically: a temp file beside it, hard-linked into place."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        os.makedirs(directory, 0o755)
+    temp = "%s.%s.tmp" % (path, lease["holder"])
+    with open(temp, "w") as handle:
+        json.dump(lease, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(temp, path)
+        return True
+    except OSError as exc:
+        if exc.errno == errno.EEXIST:
+            return False
+        raise
+    finally:
+        os.unlink(temp)
+
+
+def _replace(path, lease):
+    """Rewrite our own lease in place (a renewal): written aside, then renamed over it."""
+    temp = "%s.%s.tmp" % (path, lease["holder"])
+    with open(temp, "w") as handle:
+        json.dump(lease, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.rename(temp, path)
+
+
+def _refusal(path, lease, reason, break_holder):
+    where = "%s on %s" % (path, socket.gethostname())
+    if reason is None:
+        extra = ""
+        if break_holder:
+            extra = (" vllm_fleet_rollout_break_lock=%s does not break it: it is not stale (it is neither past its "
+                     "expiry nor provably gone)." % break_holder)
+        return ("Another rollout holds the rollout lock %s: %s.%s Wait until it ends; if it was killed, the lease "
+                "becomes stale at %s and can then be broken. Nothing was changed." % (where, describe(lease), extra,
+                                                                                     lease["expires"]))
+    if break_holder and break_holder != lease["holder"]:
+        return ("vllm_fleet_rollout_break_lock=%s does not name the holder of the stale rollout lock %s (%s; %s). "
+                "To break it: -e vllm_fleet_rollout_break_lock=%s. Nothing was changed."
+                % (break_holder, where, describe(lease), reason, lease["holder"]))
+    return ("The rollout lock %s is stale (%s): %s. If no rollout runs (look on %s for pid %s), break it with "
+            "-e vllm_fleet_rollout_break_lock=%s and run again. Nothing was changed."
+            % (where, reason, describe(lease), lease["controller"], lease["pid"], lease["holder"]))
+
+
+def acquire(path, holder, ttl, controller, pid, user, break_holder="", check=False, now=None, hostname=None,
+            alive=pid_alive):
+    """Take (or, for its own holder, renew) the lease. Returns (changed, lease, broken):
+    broken is the stale lease this call broke, else None. Raises LockHeld when another run
+    holds it, LockError when it cannot be read or written. In check mode nothing is written."""
+    now = now or utcnow()
+    lease = {"holder": holder, "controller": controller, "pid": pid, "user": user, "started": _iso(now),
+             "expires": _iso(now + datetime.timedelta(seconds=ttl)), "ttl": ttl}
+    broken = None
+    try:
+        for _attempt in range(3):  # a lease released or broken by another between read and link: look again
+            current = read_lease(path)
+            if current is not None and current["holder"] == holder:
+                lease["started"] = current["started"]
+                if not check:
+                    _replace(path, lease)
+                return True, lease, None
+            if current is not None:
+                reason = stale_reason(current, now, hostname, alive)
+                if reason is None or break_holder != current["holder"]:
+                    raise LockHeld(_refusal(path, current, reason, break_holder), current)
+                if check:
+                    return True, lease, current
+                broken = _take_away(path, current)
+                if broken is None:
+                    continue
+            if check:
+                return True, lease, broken
+            if _write_new(path, lease):
+                return True, lease, broken
+        raise LockError("the rollout lock %s on %s changed hands while this run tried to take it: another run "
+                        "is starting; run again once it ends. Nothing was changed." % (path, socket.gethostname()))
+    except (IOError, OSError) as exc:
+        raise LockError("cannot take the rollout lock %s on %s: %s. Set vllm_fleet_rollout_lock_path to a path "
+                        "the connecting user may write (or run the lock host with become). Nothing was changed."
+                        % (path, socket.gethostname(), exc))
+
+
+def _take_away(path, stale):
+    """Move the stale lease aside, atomically (of two breakers one wins). Returns it, or None
+    if another run moved it first; if what was moved is not the lease we judged, put it back."""
+    aside = "%s.broken.%s" % (path, stale["holder"])
+    try:
+        os.rename(path, aside)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+    moved = read_lease(aside)
+    if moved is None or moved["holder"] != stale["holder"]:
+        try:
+            os.link(aside, path)
+        finally:
+            os.unlink(aside)
+        raise LockError("the rollout lock %s on %s changed hands while this run broke it: another run is starting; "
+                        "nothing was changed." % (path, socket.gethostname()))
+    os.unlink(aside)
+    return moved
+
+
+def release(path, holder, check=False):
+    """Remove the lease if, and only if, this holder holds it. Returns (changed, lease): lease
+    is what was released, None if there was no lease. Raises LockHeld when another holds it."""
+    current = read_lease(path)
+    if current is None:
+        return False, None
+    if current["holder"] != holder:
+        raise LockHeld("The rollout lock %s on %s is held by %s, not by this run (%s): it was left alone. This "
+                       "run's lease was broken while it ran; check that both runs left the fleet as it should be."
+                       % (path, socket.gethostname(), describe(current), holder), current)
+    if not check:
+        try:
+            os.unlink(path)
+        except (IOError, OSError) as exc:
+            if exc.errno != errno.ENOENT:
+                raise LockError("cannot remove the rollout lock %s on %s: %s" % (path, socket.gethostname(), exc))
+    return True, current
