@@ -313,8 +313,13 @@ def test_the_controller_killed_midway_and_a_rerun_finishes_without_redoing_the_c
     traffic.assert_clean()
     assert state(fleet, "node02") == node02_before
     canary_after_first = state(fleet, "node01")
+    # The killed run's rollout lock stays (nothing ran to release it); its process is gone from
+    # this controller, so the lease is stale and the re-run breaks it by naming its holder.
+    lease = json.loads((fleet.directory / "rollout.lock").read_text())
+    assert lease["pid"] == proc.pid
 
-    assert_converges(fleet, release=FIXED, profile_=target, serving={n: (FIXED_ID, "nvfp4-seqs-56") for n in NODES})
+    assert_converges(fleet, "-e", f"vllm_fleet_rollout_break_lock={lease['holder']}", release=FIXED, profile_=target,
+                     serving={n: (FIXED_ID, "nvfp4-seqs-56") for n in NODES})
     assert (report(fleet, "node01")["status"], report(fleet, "node02")["status"]) == ("skipped", "upgraded")
     assert state(fleet, "node01") == canary_after_first  # no restart, no second soak
 
