@@ -1,17 +1,17 @@
-"""The fault matrix (docs/FAULTS.md) on a simulated fleet of two sm_120 nodes behind a
-real HAProxy: one fault per test, injected into a real rollout. Each ends with the node
-that met the fault serving its last known-good release, no more than one batch out of
-HAProxy at any moment (a monitor samples HAProxy's admin and operational state the whole
-time), client traffic through HAProxy with 0 failed, 0 retried and 0 redispatched
-requests (HAProxy's own counters: its retries would hide a dropped request), the rollout
-halted with a reason that names the fault, and a re-run, with the fault gone, that
-converges. A negative control runs a copy of the rollout with its drain removed and shows
-that these checks catch it.
+"""The fault matrix, part 2 (docs/FAULTS.md): what goes wrong during a node's turn, on a
+simulated fleet of two sm_120 nodes behind a real HAProxy, provisioned with the fixed
+release and the NVFP4 profile: one fault per test, injected into a real rollout. Each ends
+with the node that met the fault serving its last known-good release, no more than one
+batch out of HAProxy at any moment (a monitor samples HAProxy's admin and operational state
+the whole time), client traffic through HAProxy with 0 failed, 0 retried and 0
+redispatched requests, the rollout halted with a reason that names the fault, and a
+re-run, with the fault gone, that converges. A negative control runs a copy of the rollout
+with its drain removed and shows that these checks catch it.
 
 The crash during a soak and the known-bad plan are in test_rollout.py (the story, with
-client traffic through HAProxy); this file has the rest. Tests run in file order
-on one fleet, each starting where the one before converged, so that every converging
-re-run is a real cutover (or a real install) and not a skip.
+client traffic through HAProxy); the faults before a turn (preflight, the pre-stage) in
+test_faults_install.py. Tests run in file order on one fleet, each starting where the one
+before converged, so that every converging re-run is a real cutover and not a skip.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,145 +30,19 @@ import pytest
 import yaml
 
 from tests.fixtures.simnode.fleet import SimFleet, Traffic
-from tests.fixtures.story import (EXIT0, FIXED, FIXED_ID, FLEET_VARS, NVFP4, PRE_FIX_ID, SERVED, clear_reports,
-                                  node_exec, play, provisioned_fleet, report, state)
+from tests.fixtures.story import EXIT0, FIXED, FIXED_ID, NVFP4, SERVED, clear_reports, node_exec, \
+    provisioned_fleet, report, state
+from tests.integration.faults import (FAST, NODES, assert_converges, assert_serves, completes, rollout,
+                                      seqs)
 from tests.integration.playbook import ROOT
 from tests.integration.test_cli import vllm_fleet
-
-NODES = ["node01", "node02"]
-# A second cuDNN-only bump, in the test wheelhouse: a release no node has staged yet.
-BUMP = {**FIXED, "cudnn": "9.23.1.21"}
-BUMP_ID = "vllm-0.25.1_nvidia-cudnn-cu13-9.23.1.21"
-FAST = {**FLEET_VARS, "vllm_fleet_soak_duration_s": 6, "vllm_fleet_soak_min_duration_s": 3}
-# /opt/vllm-fleet on a disk of its own, so that one can be filled.
-DISK = "/opt/vllm-fleet:rw,exec,nosuid,nodev,mode=0755,size=768m"
-
-
-def seqs(n: int) -> dict:
-    """The NVFP4 profile with another max-num-seqs: a new target on the staged release."""
-    return dict(NVFP4, name=f"nvfp4-seqs-{n}", serve_args={**NVFP4["serve_args"], "max-num-seqs": n})
 
 
 @pytest.fixture(scope="module")
 def fleet(node_image, tmp_path_factory):
-    with provisioned_fleet(tmp_path_factory.mktemp("faults"), f"vf-fault-{os.getpid()}-",
-                           len(NODES), group_vars=FAST, tmpfs=(DISK,)) as sim:
+    with provisioned_fleet(tmp_path_factory.mktemp("faults"), f"vf-fault-{os.getpid()}-", len(NODES),
+                           release=FIXED, profile_=NVFP4, accept=[EXIT0], group_vars=FAST) as sim:
         yield sim
-
-
-def rollout(sim: SimFleet, *args: str, release: dict, profile_: dict, **extra):
-    """rollout.yml with client traffic through HAProxy; returns the run and the Traffic
-    (most nodes out at once, client errors, HAProxy's retries and redispatches)."""
-    clear_reports(sim)
-    with Traffic(sim, SERVED, workers=2) as traffic:
-        run = play(sim, "rollout.yml", *args, release=release, profile_=profile_, accept=[EXIT0], **extra)
-    return run, traffic
-
-
-def completes(sim: SimFleet, node: str) -> bool:
-    """A completion straight from the node (not through HAProxy)."""
-    body = json.dumps({"model": SERVED, "prompt": "hello", "max_tokens": 2}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{sim.port(NODES.index(node) + 1)}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return bool(json.loads(response.read())["choices"])
-
-
-def assert_serves(sim: SimFleet, node: str, release_id: str, profile_name: str):
-    st = state(sim, node)
-    assert (st["current"], st["known_good"], st["profile"], st["ActiveState"]) == \
-           (release_id, release_id, profile_name, "active"), (node, st)
-    assert completes(sim, node)
-    assert node not in sim.lb_out()
-
-
-def assert_converges(sim: SimFleet, *args: str, release: dict, profile_: dict, serving: dict[str, tuple]):
-    """The re-run with the fault gone: it passes, one batch out at a time, and each node in
-    serving ends on (release id, profile name)."""
-    run, traffic = rollout(sim, *args, release=release, profile_=profile_)
-    assert run.rc == 0, run.output[-4000:]
-    assert traffic.most_out == 1
-    traffic.assert_clean()
-    for node, (release_id, profile_name) in serving.items():
-        assert_serves(sim, node, release_id, profile_name)
-
-
-def staged(sim: SimFleet, node: str) -> set[str]:
-    return set(node_exec(sim, node, "ls -A /opt/vllm-fleet/releases").split())
-
-
-def assert_halted_before_any_change(run, traffic: Traffic, sim: SimFleet, before: dict, *words: str):
-    assert run.rc != 0
-    for word in words:
-        assert word in run.output, (word, run.output[-4000:])
-    assert traffic.most_out == 0  # nobody left traffic
-    traffic.assert_clean()
-    assert {node: state(sim, node) for node in NODES} == before  # same links, profile, process
-    # No turn started: a node that already served the target is recorded as skipped.
-    reports = [report(sim, node) for node in NODES]
-    assert all(r is None or r["status"] == "skipped" for r in reports), reports
-
-
-def test_a_gpu_with_retired_pages_pending_blocks_the_plan_before_anything_changes(fleet):
-    gpu = fleet.gpu_profile("node01")
-    healthy = gpu.read_text()
-    before = {node: state(fleet, node) for node in NODES}
-    gpu.write_text(healthy.replace("0.retired_pages_pending=0", "0.retired_pages_pending=1"))  # in place: bind mount
-    try:
-        run, traffic = rollout(fleet, "--limit", "canary", release=FIXED, profile_=NVFP4)
-    finally:
-        gpu.write_text(healthy)  # the GPU was reset
-
-    assert_halted_before_any_change(run, traffic, fleet, before, "gpu-retired-pages-pending", "node01")
-    assert FIXED_ID not in staged(fleet, "node01")
-
-    assert_converges(fleet, "--limit", "canary", release=FIXED, profile_=NVFP4,
-                     serving={"node01": (FIXED_ID, NVFP4["name"])})
-
-
-def test_a_full_disk_during_the_install_halts_before_the_node_leaves_traffic(fleet):
-    before = {node: state(fleet, node) for node in NODES}
-    # Fill node02's /opt/vllm-fleet to the last block.
-    node_exec(fleet, "node02", "cd /opt/vllm-fleet && fallocate -l $(df --output=avail -B1 . | tail -1) ballast;"
-                               " dd if=/dev/zero of=ballast2 bs=4k 2>/dev/null; true")
-    assert node_exec(fleet, "node02", "df --output=avail /opt/vllm-fleet | tail -1") == "0"
-    try:
-        run, traffic = rollout(fleet, release=FIXED, profile_=NVFP4)
-    finally:
-        node_exec(fleet, "node02", "rm -f /opt/vllm-fleet/ballast /opt/vllm-fleet/ballast2")
-
-    assert_halted_before_any_change(run, traffic, fleet, before, "No space left on device", "node02",
-                                    f"release {FIXED_ID}")
-    assert staged(fleet, "node02") == {PRE_FIX_ID}  # no half-built release, no staging left behind
-
-    assert_converges(fleet, release=FIXED, profile_=NVFP4, serving={n: (FIXED_ID, NVFP4["name"]) for n in NODES})
-    assert (report(fleet, "node01")["status"], report(fleet, "node02")["status"]) == ("skipped", "upgraded")
-
-
-def test_an_unreachable_index_halts_the_install_before_anything_changes(fleet):
-    before = {node: state(fleet, node) for node in NODES}
-    dead_index = "http://127.0.0.1:9/simple"  # discard port: nothing listens
-    run, traffic = rollout(fleet, "--limit", "canary", release=BUMP, profile_=NVFP4,
-                            vllm_fleet_runtime_offline=False, vllm_fleet_runtime_find_links=[],
-                            vllm_fleet_runtime_index_url=dead_index)
-
-    assert_halted_before_any_change(run, traffic, fleet, before, dead_index, f"release {BUMP_ID}")
-    assert BUMP_ID not in staged(fleet, "node01") and not any(s.startswith(".staging") for s in staged(fleet, "node01"))
-
-    assert_converges(fleet, "--limit", "canary", release=BUMP, profile_=NVFP4,
-                     serving={"node01": (BUMP_ID, NVFP4["name"])})
-
-
-def test_a_wheel_missing_from_the_wheelhouse_halts_the_install_naming_it(fleet):
-    before = {node: state(fleet, node) for node in NODES}
-    run, traffic = rollout(fleet, "--limit", "canary", release={**FIXED, "cudnn": "9.23.1.99"}, profile_=NVFP4)
-
-    assert_halted_before_any_change(run, traffic, fleet, before, "nvidia-cudnn-cu13==9.23.1.99", "/srv/wheelhouse")
-    assert not any(s.startswith(".staging") or "9.23.1.99" in s for s in staged(fleet, "node01"))
-
-    # The pin corrected to the fixed release (staged, not served): a cutover, not an install.
-    assert_converges(fleet, "--limit", "canary", release=FIXED, profile_=NVFP4,
-                     serving={"node01": (FIXED_ID, NVFP4["name"])})
 
 
 def test_a_service_that_never_gets_ready_is_rolled_back(fleet):
