@@ -90,91 +90,6 @@ def _closest(word: str, candidates, what: str = "did you mean", cutoff: float = 
     return f" ({what} {found[0]!r}?)" if found else ""
 
 
-# --- the schema ----------------------------------------------------------------------------
-
-def _number(where: str, key: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SchemaError(f"{where}: {key} {value!r} is not a number")
-    return value
-
-
-def _flag(name: Any, raw: Any) -> Flag:
-    where = f"serve-args schema: flag {name!r}"
-    if not isinstance(name, str) or not FLAG_RE.match(name):
-        raise SchemaError(f"{where}: a flag is named by its long form without dashes in front, "
-                          "lower case (for example 'max-num-seqs')")
-    if not isinstance(raw, dict):
-        raise SchemaError(f"{where}: {raw!r} is not a mapping (type, choices, min, max, ...)")
-    unknown = [k for k in raw if k not in FLAG_KEYS]
-    if unknown:
-        raise SchemaError(f"{where}: unknown key {unknown[0]!r}{_closest(str(unknown[0]), FLAG_KEYS)}; "
-                          f"allowed: {', '.join(FLAG_KEYS)}")
-    kind = raw.get("type")
-    if kind not in TYPES:
-        raise SchemaError(f"{where}: type {kind!r} is not one of: {', '.join(TYPES)}")
-    negatable = raw.get("negatable", False)
-    if not isinstance(negatable, bool) or (negatable and kind != "bool"):
-        raise SchemaError(f"{where}: negatable is a boolean, and only for type bool")
-    choices = raw.get("choices", [])
-    if not isinstance(choices, list) or (choices and kind not in ("str", "int", "list")):
-        raise SchemaError(f"{where}: choices is a list, for types str, int and list")
-    elements = raw.get("elements", "str")
-    if elements not in ("str", "int"):
-        raise SchemaError(f"{where}: elements {elements!r} is not one of: str, int")
-    if (raw.get("min") is not None or raw.get("max") is not None) and kind not in ("int", "float", "size"):
-        raise SchemaError(f"{where}: min and max are for types int, float and size")
-    for key in ("min_exclusive", "max_exclusive"):
-        if not isinstance(raw.get(key, False), bool):
-            raise SchemaError(f"{where}: {key} is a boolean")
-    reserved = raw.get("reserved")
-    if reserved is not None and (not isinstance(reserved, str) or not reserved.strip()):
-        raise SchemaError(f"{where}: reserved is a sentence saying where the flag is set instead")
-    helptext = raw.get("help", "")
-    if not isinstance(helptext, str):
-        raise SchemaError(f"{where}: help is a string")
-    return Flag(name=name, type=kind, help=helptext, negatable=negatable, choices=tuple(choices),
-                min=_number(where, "min", raw.get("min")), max=_number(where, "max", raw.get("max")),
-                min_exclusive=raw.get("min_exclusive", False), max_exclusive=raw.get("max_exclusive", False),
-                elements=elements, reserved=reserved)
-
-
-def load_schema(data: Any) -> Schema:
-    """Validate the parsed schema document (``catalogue/vllm_serve_args.yml``)."""
-    if not isinstance(data, dict):
-        raise SchemaError("serve-args schema: the document is a mapping with schema_version, vllm, flags")
-    unknown = [k for k in data if k not in ("schema_version", "vllm", "flags", "env")]
-    if unknown:
-        raise SchemaError(f"serve-args schema: unknown key {unknown[0]!r}; allowed: schema_version, vllm, flags, env")
-    version = data.get("schema_version")
-    if isinstance(version, bool) or version != SCHEMA_VERSION:
-        raise SchemaError(f"serve-args schema: schema_version {version!r} is not supported (supported: {SCHEMA_VERSION})")
-    flags = data.get("flags")
-    if not isinstance(flags, dict) or not flags:
-        raise SchemaError("serve-args schema: flags is a non-empty mapping of flag name to its description")
-    env = data.get("env") or {}
-    known_env = env.get("known", []) if isinstance(env, dict) else None
-    if not isinstance(known_env, list) or not all(isinstance(n, str) and ENV_NAME_RE.match(n) for n in known_env):
-        raise SchemaError("serve-args schema: env.known is a list of environment variable names")
-    return Schema(vllm=str(data.get("vllm", "")), flags={name: _flag(name, raw) for name, raw in flags.items()},
-                  known_env=tuple(known_env))
-
-
-# --- values --------------------------------------------------------------------------------
-
-def _type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    return {int: "integer", float: "number", str: "string", list: "list", dict: "mapping",
-            type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    text = json.dumps(value) if isinstance(value, (str, bool, int, float, type(None))) else repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
 def text_problem(text: str, *, limit: int = MAX_TEXT, flag_like: bool = True) -> str | None:
     """Why ``text`` cannot be a value here, or None: too long, a control character (a newline
     included), or, where it becomes an argv word (``flag_like``), a leading '-'."""
@@ -222,6 +137,8 @@ def _label(key: Any) -> str:
     text = str(key)
     return text if not CONTROL_RE.search(text) and len(text) <= 80 else _show(text)
 
+
+# --- the schema ----------------------------------------------------------------------------
 
 def _number(where: str, key: str, value: Any) -> float | None:
     if value is None:
@@ -607,3 +524,18 @@ def build(schema_data: Any, profile: Any, *, role_args: dict | None = None, role
         "env_content": dump_env(full_env, header),
         "warnings": warnings,
     }
+
+
+def served_names(profile: Any) -> list[str]:
+    """The model names clients may ask a profile for, the first being the one vLLM reports:
+    served-model-name (any spelling of the flag; a string or a list), else the model, which
+    is vLLM's own default. A node that serves nothing yet (no profile) has none."""
+    if not profile:
+        return []
+    if not isinstance(profile, dict):
+        raise ValueError(f"served_names: {_show(profile)} is not a profile (a mapping with model and serve_args)")
+    serve_args = profile.get("serve_args") or {}
+    names = [value for key, value in serve_args.items() if normalise_flag(str(key)) == "served-model-name"]
+    if names:
+        return [names[-1]] if isinstance(names[-1], str) else [str(name) for name in names[-1]]
+    return [str(profile["model"])] if profile.get("model") else []

@@ -175,3 +175,57 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(fleet, tmp_path, extra
     assert expected in run.output
     assert "Traceback" not in run.output
     assert nodes["sm120"].exec("test -e /opt/vllm-fleet").returncode != 0
+
+
+@pytest.fixture
+def serving_fp8(sim_nodes, tmp_path):
+    """A node that serves the shipped FP8 profile as far as preflight can tell: the
+    profile.json that vllm_service records, made by the same code (serve_config.build)."""
+    import yaml
+
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import build
+    from tests.fixtures.story import FP8
+    from tests.integration.playbook import ROOT
+
+    [node] = sim_nodes({"canary": "rtx_pro_6000"})
+    schema = yaml.safe_load((ROOT / "catalogue" / "vllm_serve_args.yml").read_text())
+    recorded = build(schema, FP8)["profile"]
+    node.exec("mkdir -p /etc/vllm-fleet && cat > /etc/vllm-fleet/profile.json", input=json.dumps(recorded),
+              check=True)
+    return node, simnode.write_inventory([node], tmp_path / "inventory.yml", {"canary": ["canary"]})
+
+
+def renamed(*names: str) -> dict:
+    from tests.fixtures.story import NVFP4
+
+    return {**NVFP4, "serve_args": {**NVFP4["serve_args"], "served-model-name": list(names)}}
+
+
+def test_a_plan_that_takes_away_a_model_name_clients_use_is_refused(serving_fp8, tmp_path):
+    from tests.fixtures.story import NVFP4, SERVED
+
+    node, inventory = serving_fp8
+    # The shipped NVFP4 profile keeps the FP8 profile's name: the quantization change passes.
+    run, _ = preflight(inventory, tmp_path / "same", vllm_fleet_release=GOOD_CUDNN, vllm_fleet_profile=NVFP4)
+    assert run.rc == 0, run.output[-3000:]
+    # An alias added is no rename either.
+    run, _ = preflight(inventory, tmp_path / "alias", vllm_fleet_release=GOOD_CUDNN,
+                       vllm_fleet_profile=renamed(SERVED, "qwen-nvfp4"))
+    assert run.rc == 0, run.output[-3000:]
+
+    run, _ = preflight(inventory, tmp_path / "renamed", vllm_fleet_release=GOOD_CUDNN,
+                       vllm_fleet_profile=renamed("qwen-nvfp4"))
+    assert run.rc != 0
+    assert (f"canary serves the model as {SERVED}; the profile qwen3.6-35b-a3b-nvfp4-sm120 would serve it as "
+            f"qwen-nvfp4, and clients asking for {SERVED} would be refused") in " ".join(run.output.split()), \
+        run.output[-3000:]
+    assert "vllm_fleet_allow_model_rename" in run.output and "Traceback" not in run.output
+    # A switch without a reason is no reason.
+    run, _ = preflight(inventory, tmp_path / "bare", vllm_fleet_release=GOOD_CUDNN,
+                       vllm_fleet_profile=renamed("qwen-nvfp4"), vllm_fleet_allow_model_rename=True)
+    assert run.rc != 0 and "would be refused" in run.output, run.output[-3000:]
+
+    run, _ = preflight(inventory, tmp_path / "allowed", vllm_fleet_release=GOOD_CUDNN,
+                       vllm_fleet_profile=renamed("qwen-nvfp4"),
+                       vllm_fleet_allow_model_rename="clients moved to qwen-nvfp4 (change 4711)")
+    assert run.rc == 0, run.output[-3000:]

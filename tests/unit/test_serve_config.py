@@ -87,6 +87,8 @@ def test_the_stable_profile_renders_what_design_md_says():
         "gpu-memory-utilization": 0.95, "kv-cache-dtype": "fp8", "max-model-len": 262144,
         "max-num-batched-tokens": 32768, "max-num-seqs": 128, "tensor-parallel-size": 1,
         "host": "0.0.0.0", "port": 8000,
+        # Not in DESIGN.md's flags: the one name clients use across quantizations (issue 13).
+        "served-model-name": ["qwen3.6-35b-a3b"],
     }
     assert result["env"] == {"VLLM_USE_DEEP_GEMM_E8M0": "0", **ROLE_ENV}
 
