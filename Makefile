@@ -14,13 +14,14 @@ setup:
 
 # A rehearsal on a simulated fleet (containers with fake GPUs, HAProxy in front): provision
 # every node with the FP8 profile, then roll the NVFP4 profile out, the canary alone first,
-# then the rest in batches, each node drained, soaked (a minute) and returned.
+# then the rest in batches, each node drained, soaked (a minute) and returned, while clients
+# send completions through HAProxy: each rollout fails if one of them noticed.
 SIM := -i .sim/inventory.yml
 rehearse: setup
 	@python scripts/sim-fleet up
 	@ansible-playbook $(SIM) playbooks/site.yml -e vllm_fleet_profile_name=qwen3.6-35b-a3b-fp8
-	@ansible-playbook $(SIM) rollout.yml --limit canary
-	@ansible-playbook $(SIM) rollout.yml
+	@python scripts/sim-fleet traffic -- ansible-playbook $(SIM) rollout.yml --limit canary
+	@python scripts/sim-fleet traffic -- ansible-playbook $(SIM) rollout.yml
 	@echo "rehearse: done; per-node reports in reports/rollout/, 'make sim-down' removes the fleet"
 
 # Rollout figures on a simulated fleet of its own (docs/BENCHMARKS.md): overhead, and the
