@@ -43,6 +43,8 @@ SHAPE = {"concurrency": 4, "input_len": 512, "output_len": 48, "run_s": 6, "samp
          "wedge_window_s": 5, "ready_timeout_s": 30}
 # Each held token weighs 1000 in the KV gauge, so the small load shows a real KV level.
 STANDIN_ENV = {"VLLM_STANDIN_LOAD_SECONDS": "1", "VLLM_STANDIN_KV_TOKEN_SCALE": "1000"}
+# Streaming clients that may time out and retry (one load client for the watchdog scenario and here).
+VF_LOAD = ROOT / "molecule" / "vllm_watchdog" / "files" / "vf-load"
 
 
 def free_port() -> int:
@@ -272,18 +274,27 @@ def test_the_crashing_cudnn_fails_at_the_first_crash_with_the_cuda_line(soak_nod
     assert to_verdict < 8
 
 
-def test_a_wedge_injected_mid_soak_fails_as_a_wedge(soak_node, record_property):
-    soak_node.serve("good")
-    state_dir = "/opt/vllm-fleet/releases/good/soak/wedge"
+def wedge_mid_soak(soak_node: SoakNode, state_dir: str, then=None) -> tuple[threading.Thread, dict]:
+    """A thread that wedges the stand-in (SIGUSR1) 3 s into the soak, then calls then(injected);
+    injected["t"]: when (epoch)."""
     injected = {}
 
     def inject():
         wait_for_progress(soak_node, state_dir, 3)
         injected["t"] = time.time()
         soak_node.sh(f"systemctl kill -s SIGUSR1 {UNIT}")
+        if then:
+            then(injected)
 
     injector = threading.Thread(target=inject, daemon=True)
     injector.start()
+    return injector, injected
+
+
+def test_a_wedge_injected_mid_soak_fails_as_a_wedge(soak_node, record_property):
+    soak_node.serve("good")
+    state_dir = "/opt/vllm-fleet/releases/good/soak/wedge"
+    injector, injected = wedge_mid_soak(soak_node, state_dir)
     run, state_dir, started, ended = soak_node.soak("good", "wedge", duration_s=60, min_duration_s=30)
     injector.join(10)
 
@@ -305,6 +316,56 @@ def test_a_wedge_injected_mid_soak_fails_as_a_wedge(soak_node, record_property):
           f"{SHAPE['sample_interval_s']} s); verdict {to_verdict:.2f} s; playbook failed "
           f"{ended - injected['t']:.2f} s after the injection")
     assert SHAPE["wedge_window_s"] - 1 <= to_detect <= SHAPE["wedge_window_s"] + 2 * SHAPE["sample_interval_s"] + 1
+
+
+def test_clients_that_time_out_and_retry_do_not_hide_a_wedge(soak_node):
+    """Beside the soak, clients that give up after 2 s and send again (vf-load, the watchdog
+    scenario's load client), on a server that counts prompt tokens as requests arrive: once
+    wedged, its prompt tokens and requests in flight keep rising while generation is flat,
+    and the soak still fails as a wedge."""
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import EngineMetrics
+
+    soak_node.serve("good", VLLM_STANDIN_PROMPT_TOKENS_ON_ARRIVAL="1")
+    soak_node.node.exec("cat > /usr/local/bin/vf-load && chmod 755 /usr/local/bin/vf-load", input=VF_LOAD.read_text())
+    # 2 clients, 256 tokens a request (short ones: the KV gauge is scaled 1000x), 2 s timeout
+    soak_node.sh(f"systemd-run --quiet --collect --unit=vf-load-retry /usr/local/bin/vf-load {soak_node.port} 2 256 2")
+    state_dir = "/opt/vllm-fleet/releases/good/soak/wedge-retry"
+    seen = {}
+
+    def metrics():
+        return EngineMetrics.from_text(soak_node.sh(f"curl -sf --max-time 5 {soak_node.base_url}/metrics"))
+
+    def watch(_injected):  # the signal a rule counting arrivals would take for progress
+        time.sleep(0.3)  # a step under way when the signal came may still finish
+        seen["before"] = before = metrics()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            now = metrics()
+            if now.prompt_tokens > before.prompt_tokens and now.in_flight > before.in_flight:
+                seen["during"] = now
+                return
+            time.sleep(0.5)
+
+    try:
+        injector, _ = wedge_mid_soak(soak_node, state_dir, then=watch)
+        run, state_dir, _, _ = soak_node.soak("good", "wedge-retry", duration_s=60, min_duration_s=30)
+        injector.join(20)
+    finally:
+        soak_node.node.exec("systemctl stop vf-load-retry")
+
+    before, during = seen["before"], seen.get("during")
+    assert during is not None, f"prompt tokens and requests in flight never rose after the wedge: {before}"
+    assert during.generation_tokens == before.generation_tokens and during.finished == before.finished
+    assert run.rc != 0 and "wedged" in run.output
+    verdict = soak_node.read_json(f"{state_dir}/verdict.json")
+    assert verdict["passed"] is False and verdict["stopped"] == "wedge" and verdict["crashes"] == []
+    assert "wedge" in verdict["reasons"][0]
+    [wedge] = verdict["wedges"]
+    assert wedge["kind"] == "no_progress" and "(rising from" in wedge["evidence"], wedge
+    assert verdict["duration_s"] < 30
+    print(f"\nwedged with retrying clients: prompt tokens {before.prompt_tokens:g} -> {during.prompt_tokens:g}, "
+          f"in flight {before.in_flight:g} -> {during.in_flight:g}, generated tokens flat at "
+          f"{during.generation_tokens:g}; soak: {wedge['evidence']}")
 
 
 def test_the_soak_outlives_the_controller(soak_node):

@@ -1,7 +1,10 @@
 """vllm_watchdog on a simulated node serving the stand-in vLLM: the units and their
 hardening, then the watchdog at work. It leaves a healthy instance alone under load and an
-idle wedged one too; it restarts a wedged one under load within its window; and with
-max_restarts 1 (molecule.yml) it does not restart a second wedge within the hour.
+idle wedged one too; it restarts a wedged one under load within its window; with
+max_restarts 1 (molecule.yml) it does not restart a second wedge within the hour; and, its
+restart history reset, it restarts a wedged one whose clients time out and retry while the
+server counts prompt tokens as requests arrive (prompt tokens and requests in flight keep
+rising, generation is flat: arrivals are not progress).
 
 The tests run in file order and share the node: each leaves the instance serving.
 A wedge is the stand-in's SIGUSR1 (tests/fixtures/vllm_standin/README.md): /health stays
@@ -24,6 +27,8 @@ INTERVAL, WINDOW, GRACE, MAX_RESTARTS = 2, 6, 3, 1
 # wedged process and the start of the new one.
 MARGIN = 12
 REPO = Path(__file__).resolve().parents[3]
+# Extra stand-in knobs for one test; /run: gone with the node, removed by the test anyway.
+DROP_IN = f"/run/systemd/system/{UNIT}.d/vf-test-knobs.conf"
 
 
 def show(host, unit, *props) -> dict:
@@ -65,15 +70,19 @@ def journals(host) -> str:
 
 
 def engine(host) -> dict:
-    """running, waiting and generated tokens of the instance, read inside the node."""
+    """running, waiting, generated and prompt tokens of the instance, read inside the node."""
     text = host.check_output(f"curl -sf --max-time 5 http://127.0.0.1:{PORT}/metrics")
-    values = {"running": 0.0, "waiting": 0.0, "tokens": 0.0}
+    values = {"running": 0.0, "waiting": 0.0, "tokens": 0.0, "prompt": 0.0}
     for line in text.splitlines():
         for key, name in (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
-                          ("tokens", "vllm:generation_tokens_total")):
+                          ("tokens", "vllm:generation_tokens_total"), ("prompt", "vllm:prompt_tokens_total")):
             if line.startswith(name + "{") or line.startswith(name + " "):
                 values[key] += float(line.rsplit(" ", 1)[1])
     return values
+
+
+def in_flight(values: dict) -> float:
+    return values["running"] + values["waiting"]
 
 
 def wait_for(predicate, timeout: float, step: float = 0.5, what: str = "condition"):
@@ -87,9 +96,11 @@ def wait_for(predicate, timeout: float, step: float = 0.5, what: str = "conditio
         time.sleep(step)
 
 
-def start_load(host, name: str, clients: int, max_tokens: int) -> None:
+def start_load(host, name: str, clients: int, max_tokens: int, client_timeout_s: float | None = None) -> None:
+    """vf-load as a transient unit; with client_timeout_s its clients give up on a silent stream and retry."""
+    timeout = f" {client_timeout_s:g}" if client_timeout_s else ""
     host.check_output(f"systemd-run --quiet --collect --unit={name} /usr/local/bin/vf-load {PORT} {clients} "
-                      f"{max_tokens}")
+                      f"{max_tokens}{timeout}")
 
 
 def stop_load(host, name: str) -> None:
@@ -117,6 +128,28 @@ def serving_and_watched(host, since: float) -> int:
         return 0
     healthy = [e for e in events(host, since) if e["event"] == "healthy" and e.get("main_pid") == pid]
     return pid if healthy else 0
+
+
+def forget_restarts(host) -> None:
+    """Start the watchdog afresh (what an operator does after a rate limit): with its timer
+    stopped and no run under way, so no run writes the old history back, remove its state."""
+    host.check_output(f"systemctl stop {WATCHDOG}.timer")
+    wait_for(lambda: show(host, f"{WATCHDOG}.service", "ActiveState")["ActiveState"] in ("inactive", "failed"), 30,
+             what="the watchdog's run under way finished")
+    host.check_output(f"rm -f {STATE} && systemctl start {WATCHDOG}.timer")
+
+
+def serve_with(host, knobs: dict) -> int:
+    """Restart the instance with these extra stand-in knobs (a runtime drop-in; {}: none) and
+    wait until it serves, watched: returns its MainPID."""
+    if knobs:
+        lines = " ".join(f"'Environment={k}={v}'" for k, v in knobs.items())
+        host.check_output(f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '%s\\n' '[Service]' {lines} > {DROP_IN}")
+    else:
+        host.check_output(f"rm -f {DROP_IN}")
+    since = node_time(host)
+    host.check_output(f"systemctl daemon-reload && systemctl restart {UNIT}")
+    return wait_for(lambda: serving_and_watched(host, since), 60, what=f"{UNIT} serving, watched")
 
 
 # --------------------------------------------------------------------------- installed
@@ -275,6 +308,51 @@ def test_a_second_wedge_within_the_restart_window_is_rate_limited(host):
     finally:
         wedge(host)  # resume: the operators' job, here the test's
         stop_load(host, "vf-load-long2")
+
+
+def test_retrying_clients_against_a_wedged_instance_do_not_hide_the_wedge(host):
+    # The earlier wedges spent the restart budget (max_restarts 1 an hour): start afresh.
+    forget_restarts(host)
+    # A server whose prompt counter moves while the engine is wedged (counted on arrival).
+    pid = serve_with(host, {"VLLM_STANDIN_PROMPT_TOKENS_ON_ARRIVAL": "1"})
+    try:
+        start_load(host, "vf-load-retry", clients=2, max_tokens=100000, client_timeout_s=2)
+        try:
+            wait_for(lambda: busy_and_moving(host), 30, what="the retrying clients' requests in flight")
+            since = node_time(host)
+            started = time.monotonic()
+            wedge(host)
+            time.sleep(0.3)  # a step under way when the signal came may still finish
+            before = engine(host)
+            # The signal that would fool a rule counting arrivals: the clients time out (2 s) and
+            # send again, so prompt tokens and requests in flight rise while generation is flat.
+            def retried():
+                now = engine(host)
+                rising = now["prompt"] > before["prompt"] and in_flight(now) > in_flight(before)
+                return now if rising and main_pid(host) == pid else None
+
+            during = wait_for(retried, WINDOW, what="the clients' retries against the wedged instance")
+            assert main_pid(host) == pid and during["tokens"] == before["tokens"], (before, during)
+            print(f"wedged, clients retrying: prompt tokens {before['prompt']:g} -> {during['prompt']:g}, in flight "
+                  f"{in_flight(before):g} -> {in_flight(during):g}, generated tokens flat at {during['tokens']:g}")
+            new_pid = wait_for(lambda: (main_pid(host) not in (0, pid)) and main_pid(host),
+                               WINDOW + INTERVAL + MARGIN, step=0.25, what=f"a restart of {UNIT} (wedged)")
+            print(f"wedged with retrying clients -> MainPID {pid} replaced by {new_pid} after "
+                  f"{time.monotonic() - started:.1f} s (window {WINDOW} s)")
+            seen = wait_for(lambda: [e for e in events(host, since) if e["event"] in ("wedged", "restarted")], 10,
+                            what="the watchdog's lines")
+            assert [e["event"] for e in seen] == ["wedged", "restarted"], journals(host)
+            wedged, restarted = seen
+            # The watchdog saw the arrivals too, and judged them no progress.
+            assert wedged["main_pid"] == pid and wedged["flat_for_s"] >= WINDOW and wedged["tokens"] == before["tokens"]
+            assert wedged["prompt_tokens"] >= during["prompt"] > before["prompt"]
+            assert wedged["running"] + wedged["waiting"] > wedged["in_flight_at_progress"], wedged
+            assert restarted["reason"] == "wedged" and restarted["main_pid"] == pid
+            assert restarted["restarts_in_window"] == 1
+        finally:
+            stop_load(host, "vf-load-retry")
+    finally:
+        serve_with(host, {})  # the instance as the role left it
 
 
 def test_every_watchdog_run_succeeded(host):
