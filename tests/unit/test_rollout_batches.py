@@ -75,3 +75,33 @@ def test_the_default_plan_and_one_given_with_e_pass_batch_by_batch(tmp_path, giv
     run = _batched_play(tmp_path, {}, *(["-e", json.dumps({"vllm_fleet_rollout_batches": given})] if given else []))
     assert run.returncode == 0, run.stdout
     assert run.stdout.count("PLAY [") == batches  # Ansible prints the play's header once per batch
+
+
+def test_the_batches_follow_the_inventory_whatever_order_the_turns_group_holds(tmp_path):
+    """The opening play's group_by fills vllm_fleet_rollout_turns in the order results came
+    back (a CI run rolled node03 before node02): rollout.yml's canary and batch plays, with
+    their host patterns as written, must still batch in the inventory's order."""
+    import yaml
+
+    plays = yaml.safe_load((ROOT / "playbooks" / "rollout.yml").read_text())
+    canary_play = next(play for play in plays if play.get("serial") == 1)
+    batch_play = next(play for play in plays if play.get("serial") == "{{ vllm_fleet_rollout_batches }}")
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(json.dumps({"all": {"hosts": {h: {"ansible_connection": "local"} for h in HOSTS},
+                                             "children": {"canary": {"hosts": {"n1": {}}}}}}))
+    scrambled = ["n5", "n3", "n7", "n1", "n2", "n6", "n4"]
+    report = {"ansible.builtin.debug": {"msg": "BATCH {{ ansible_play_batch | to_json }}"}, "run_once": True}
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps([
+        {"hosts": "localhost", "gather_facts": False, "tasks": [
+            {"ansible.builtin.add_host": {"name": "{{ item }}", "groups": "vllm_fleet_rollout_turns"},
+             "loop": scrambled}]},
+        {"hosts": canary_play["hosts"], "gather_facts": False, "serial": 1, "tasks": [report]},
+        {"hosts": batch_play["hosts"], "gather_facts": False, "serial": [1, 2, "100%"], "tasks": [report]},
+    ]))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_STDOUT_CALLBACK": "json"}
+    out = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook)],
+                         env=env, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    runs = [json.loads(task["hosts"][host]["msg"].split(" ", 1)[1])
+            for play in json.loads(out)["plays"][1:] for task in play["tasks"] for host in task["hosts"]]
+    assert runs == [["n1"], ["n2"], ["n3", "n4"], ["n5", "n6", "n7"]]
