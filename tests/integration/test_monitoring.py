@@ -26,6 +26,7 @@ import pytest
 from tests.fixtures.story import EXIT0, FIXED, FLEET_VARS, FP8, SERVED
 from tests.fixtures.simnode import simnode
 from tests.integration.playbook import ansible_playbook
+from tests.integration.test_coredump import wait_until
 
 NODE = "node01"
 FLEET = "vllm-fleet"
@@ -174,29 +175,19 @@ class Clients:
             thread.join(timeout=60)
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"not within {timeout:.0f} s: {what}")
-
-
 def test_prometheus_fires_the_wedge_alert_for_a_wedged_node_and_not_before(node, prometheus, record_property):
     selector = f'{{fleet="{FLEET}",node="{NODE}",vllm_instance="gpu0"}}'
     # Prometheus found the node through the role's targets file and scrapes vLLM's metrics.
-    wait_for(lambda: [r for r in prometheus.query(f"up{selector}") if r["value"][1] == "1"], 30,
-             f"Prometheus scraping {NODE} (targets: {prometheus.api('targets')['activeTargets']})")
+    wait_until(lambda: [r for r in prometheus.query(f"up{selector}") if r["value"][1] == "1"], 30,
+               f"Prometheus scraping {NODE} (targets: {prometheus.api('targets')['activeTargets']})")
     [target] = prometheus.api("targets")["activeTargets"]
     assert target["labels"]["unit"] == "vllm@gpu0.service" and target["scrapeUrl"].endswith(f":{node['port']}/metrics")
 
     with Clients(node["port"]):
         # Negative control: requests in flight, the engine generating. Longer than the wedge
         # window plus its `for`: a rule that ignored progress would be pending or firing by now.
-        wait_for(lambda: [r for r in prometheus.query(f"vllm:num_requests_running{selector} > 0")], 30,
-                 "requests running on the node")
+        wait_until(lambda: [r for r in prometheus.query(f"vllm:num_requests_running{selector} > 0")], 30,
+                   "requests running on the node")
         watched_until = time.monotonic() + 12
         while time.monotonic() < watched_until:
             assert prometheus.alerts("VLLMEngineWedged") == [], "a wedge alert while the engine makes progress"
@@ -206,8 +197,8 @@ def test_prometheus_fires_the_wedge_alert_for_a_wedged_node_and_not_before(node,
         node["sim"].exec(WEDGE, check=True)
         wedged_at = time.monotonic()
         try:
-            firing = wait_for(lambda: [a for a in prometheus.alerts("VLLMEngineWedged") if a["state"] == "firing"],
-                              60, "VLLMEngineWedged firing after the wedge")
+            firing = wait_until(lambda: [a for a in prometheus.alerts("VLLMEngineWedged") if a["state"] == "firing"],
+                                60, "VLLMEngineWedged firing after the wedge")
             seen_after = time.monotonic() - wedged_at
         finally:
             node["sim"].exec(WEDGE, check=True)  # resume, so the clients' requests finish

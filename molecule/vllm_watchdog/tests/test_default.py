@@ -116,7 +116,7 @@ def busy_and_moving(host) -> bool:
     before = engine(host)
     time.sleep(0.5)
     after = engine(host)
-    return after["running"] + after["waiting"] >= 1 and after["tokens"] > before["tokens"]
+    return in_flight(after) >= 1 and after["tokens"] > before["tokens"]
 
 
 def serving_and_watched(host, since: float) -> int:
@@ -128,6 +128,23 @@ def serving_and_watched(host, since: float) -> int:
         return 0
     healthy = [e for e in events(host, since) if e["event"] == "healthy" and e.get("main_pid") == pid]
     return pid if healthy else 0
+
+
+def restarted_as_wedged(host, pid: int, since: float, started: float, what: str) -> tuple[dict, dict]:
+    """Wait for the watchdog to replace the wedged MainPID within its window, and for its two
+    lines about it: returns the 'wedged' and 'restarted' events."""
+    new_pid = wait_for(lambda: (main_pid(host) not in (0, pid)) and main_pid(host),
+                       WINDOW + INTERVAL + MARGIN, step=0.25, what=f"a restart of {UNIT} (wedged)")
+    print(f"{what} -> MainPID {pid} replaced by {new_pid} after {time.monotonic() - started:.1f} s "
+          f"(window {WINDOW} s, interval {INTERVAL} s)")
+    seen = wait_for(lambda: [e for e in events(host, since) if e["event"] in ("wedged", "restarted")], 10,
+                    what="the watchdog's lines")
+    assert [e["event"] for e in seen] == ["wedged", "restarted"], journals(host)
+    wedged, restarted = seen
+    assert wedged["main_pid"] == pid and wedged["flat_for_s"] >= WINDOW
+    assert restarted["reason"] == "wedged" and restarted["main_pid"] == pid
+    assert restarted["restarts_in_window"] == 1
+    return wedged, restarted
 
 
 def forget_restarts(host) -> None:
@@ -255,7 +272,7 @@ def test_a_healthy_instance_under_load_is_left_alone(host):
 
 
 def test_an_idle_wedged_instance_is_left_alone(host):
-    wait_for(lambda: engine(host)["running"] + engine(host)["waiting"] == 0, 30, what="the instance idle")
+    wait_for(lambda: in_flight(engine(host)) == 0, 30, what="the instance idle")
     pid, since = main_pid(host), node_time(host)
     wedge(host)
     try:
@@ -273,18 +290,8 @@ def test_a_wedged_instance_under_load_is_restarted_within_its_window(host):
         pid, since = main_pid(host), node_time(host)
         started = time.monotonic()
         wedge(host)
-        new_pid = wait_for(lambda: (main_pid(host) not in (0, pid)) and main_pid(host),
-                           WINDOW + INTERVAL + MARGIN, step=0.25, what=f"a restart of {UNIT} (wedged)")
-        took = time.monotonic() - started
-        print(f"wedged -> MainPID {pid} replaced by {new_pid} after {took:.1f} s (window {WINDOW} s, interval "
-              f"{INTERVAL} s)")
-        seen = wait_for(lambda: [e for e in events(host, since) if e["event"] in ("wedged", "restarted")], 10,
-                        what="the watchdog's lines")
-        assert [e["event"] for e in seen] == ["wedged", "restarted"], journals(host)
-        wedged, restarted = seen
-        assert wedged["main_pid"] == pid and wedged["running"] >= 1 and wedged["flat_for_s"] >= WINDOW
-        assert restarted["reason"] == "wedged" and restarted["main_pid"] == pid
-        assert restarted["restarts_in_window"] == 1 and restarted["max_restarts"] == MAX_RESTARTS
+        wedged, restarted = restarted_as_wedged(host, pid, since, started, "wedged")
+        assert wedged["running"] >= 1 and restarted["max_restarts"] == MAX_RESTARTS
         assert json.loads(host.file(STATE).content_string)["restarts"][0]["reason"] == "wedged"
     finally:
         stop_load(host, "vf-load-long")
@@ -335,20 +342,11 @@ def test_retrying_clients_against_a_wedged_instance_do_not_hide_the_wedge(host):
             assert main_pid(host) == pid and during["tokens"] == before["tokens"], (before, during)
             print(f"wedged, clients retrying: prompt tokens {before['prompt']:g} -> {during['prompt']:g}, in flight "
                   f"{in_flight(before):g} -> {in_flight(during):g}, generated tokens flat at {during['tokens']:g}")
-            new_pid = wait_for(lambda: (main_pid(host) not in (0, pid)) and main_pid(host),
-                               WINDOW + INTERVAL + MARGIN, step=0.25, what=f"a restart of {UNIT} (wedged)")
-            print(f"wedged with retrying clients -> MainPID {pid} replaced by {new_pid} after "
-                  f"{time.monotonic() - started:.1f} s (window {WINDOW} s)")
-            seen = wait_for(lambda: [e for e in events(host, since) if e["event"] in ("wedged", "restarted")], 10,
-                            what="the watchdog's lines")
-            assert [e["event"] for e in seen] == ["wedged", "restarted"], journals(host)
-            wedged, restarted = seen
+            wedged, _ = restarted_as_wedged(host, pid, since, started, "wedged with retrying clients")
             # The watchdog saw the arrivals too, and judged them no progress.
-            assert wedged["main_pid"] == pid and wedged["flat_for_s"] >= WINDOW and wedged["tokens"] == before["tokens"]
+            assert wedged["tokens"] == before["tokens"]
             assert wedged["prompt_tokens"] >= during["prompt"] > before["prompt"]
             assert wedged["running"] + wedged["waiting"] > wedged["in_flight_at_progress"], wedged
-            assert restarted["reason"] == "wedged" and restarted["main_pid"] == pid
-            assert restarted["restarts_in_window"] == 1
         finally:
             stop_load(host, "vf-load-retry")
     finally:
