@@ -12,17 +12,14 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 setup:
 	@bash scripts/setup-host.sh
 
-# A rehearsal on a simulated fleet (containers with fake GPUs, HAProxy in front): provision
-# every node with the FP8 profile, then roll the NVFP4 profile out, the canary alone first,
-# then the rest in batches, each node drained, soaked (a minute) and returned, while clients
-# send completions through HAProxy: each rollout fails if one of them noticed.
-SIM := -i .sim/inventory.yml
+# The story on a simulated fleet (containers with fake GPUs, HAProxy in front), in four acts
+# (scripts/rehearse, plans in rehearsal/): the fleet before the fix (pre-fix cuDNN, FP8);
+# NVFP4 on it blocked by preflight; the same with the blocker accepted, caught by the
+# canary's soak and rolled back; the fix rolled out, the canary alone then the fleet in
+# batches. Clients send completions through HAProxy throughout; an act that does not show
+# what it should stops the rehearsal. Ends with the HTML reports' paths.
 rehearse: setup
-	@python scripts/sim-fleet up
-	@ansible-playbook $(SIM) playbooks/site.yml -e vllm_fleet_profile_name=qwen3.6-35b-a3b-fp8
-	@python scripts/sim-fleet traffic -- ansible-playbook $(SIM) rollout.yml --limit canary
-	@python scripts/sim-fleet traffic -- ansible-playbook $(SIM) rollout.yml
-	@echo "rehearse: done; per-node reports in reports/rollout/, 'make sim-down' removes the fleet"
+	@python scripts/rehearse
 
 # Rollout figures on a simulated fleet of its own (docs/BENCHMARKS.md): overhead, and the
 # no-op re-run against a facts-only play. 2 cores: ~14 min beside one test session, 28 min
