@@ -52,6 +52,13 @@ unit: setup
 integration: setup
 	@pytest tests/integration $(PYTEST_ARGS)
 
+# Every Molecule scenario (molecule/<role>/: one simulated node per role that can run on
+# one), one after another; `make test` runs them too (tests/molecule). Each scenario's
+# dependency step builds what its node needs first (scripts/molecule-fixtures). As root.
+.PHONY: molecule
+molecule: setup
+	@molecule test --all
+
 # Opt-in, never part of `make test`: cudnn_facts' and gpu_facts' logic against the real
 # nvidia-cudnn-cu13==9.24.0.43 and nvidia-ml-py from PyPI (pip configuration shut out), in a
 # scratch venv (CHECK_REAL_DIR, default a new temporary directory). No GPU needed.

@@ -1,15 +1,14 @@
 """Every Molecule scenario under molecule/, end to end: `molecule test -s <scenario>`.
 
-The fixtures a scenario's node needs are built once per session and handed to
-.config/molecule/config.yml through two variables: VLLM_FLEET_NODE_IMAGE (the simulated
-node image) and VLLM_FLEET_FIXTURES (the fake NVML library, a GPU profile and the
-wheelhouse). A new directory molecule/<name>/ with a molecule.yml is picked up by itself.
+The node's fixtures (image, fake NVML, GPU profile, wheelhouse) are built once per session
+by the builder each scenario's `dependency` step also runs (tests/fixtures/molecule_node.py),
+into the place .config/molecule/config.yml reads them from; that step then finds them ready.
+A new directory molecule/<name>/ with a molecule.yml is picked up by itself.
 """
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -23,28 +22,19 @@ SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.y
 # Rootful podman, like tests/integration.
 pytestmark = pytest.mark.integration
 TIMEOUT = 900
-GPU_PROFILE = "rtx_pro_6000"
 
 
 @pytest.fixture(scope="session")
-def molecule_env(tmp_path_factory) -> dict:
-    if shutil.which("podman") is None:
-        pytest.fail("podman is not installed: run scripts/setup-host.sh as root", pytrace=False)
-    if os.geteuid() != 0:
-        pytest.fail("molecule scenarios need rootful podman: run them as root", pytrace=False)
-    from tests.fixtures.nvml.build import PROFILES_DIR, build_fake_nvml
-    from tests.fixtures.simnode import simnode
-    from tests.fixtures.wheels.build import build_node_wheelhouse
+def molecule_env() -> dict:
+    from tests.fixtures.molecule_node import FixtureError, build
 
+    try:
+        build()
+    except FixtureError as exc:
+        pytest.fail(str(exc), pytrace=False)
     _remove_stale_instances()
-    fixtures = tmp_path_factory.mktemp("molecule-fixtures")
-    build_fake_nvml(fixtures)
-    shutil.copyfile(PROFILES_DIR / f"{GPU_PROFILE}.conf", fixtures / "fake-nvml.conf")
-    build_node_wheelhouse(fixtures / "wheelhouse")
     return {
         **os.environ,
-        "VLLM_FLEET_NODE_IMAGE": simnode.ensure_image(),
-        "VLLM_FLEET_FIXTURES": str(fixtures),
         # Instance names carry it (.config/molecule/config.yml): concurrent sessions on one
         # host do not share containers.
         "VLLM_FLEET_MOLECULE_RUN": str(os.getpid()),
