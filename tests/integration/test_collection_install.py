@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import story
 from tests.fixtures.simnode import simnode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,3 +124,35 @@ def test_installed_playbooks_run_by_name_write_reports_beside_the_operator_and_n
     inside = preflight(work, vllm_fleet_report_dir=str(collection / "reports"))
     assert (collection / "reports" / "preflight.json").is_file(), inside.stdout[-3000:]
     assert tree_digest(collection) != before
+    shutil.rmtree(collection / "reports")
+
+
+def test_the_installed_site_playbook_provisions_a_node_and_writes_nothing_into_the_collection(
+        installed, sim_nodes, tmp_path):
+    """Every role of site.yml (preflight, runtime, service with the collection's serve-args
+    schema, watchdog with its module_utils) from the installed copy."""
+    from tests.fixtures.wheels.build import build_node_wheelhouse
+
+    _, collection, scratch = installed
+    wheelhouse = build_node_wheelhouse(tmp_path / "wheelhouse")
+    node, = sim_nodes({"node01": "rtx_pro_6000"}, volumes=(f"{wheelhouse}:/srv/wheelhouse:ro",))
+    work = tmp_path / "ops"
+    work.mkdir()
+    port = simnode.free_port()
+    inventory = simnode.write_inventory([node], work / "inventory.yml", all_vars={
+        **story.FLEET_VARS, "vllm_fleet_instances": [{"name": "gpu0", "gpu": 0, "port": port}]})
+    before = tree_digest(collection)
+
+    site = run(str(BIN / "ansible-playbook"), "-i", str(inventory), "vllm_fleet.fleet.site", "-e", json.dumps({
+        "vllm_fleet_release": story.FIXED, "vllm_fleet_profile": story.FP8, "vllm_fleet_accepted_risks": [EXIT0]}),
+        cwd=work, collections=scratch)
+    output = site.stdout + site.stderr
+    assert site.returncode == 0, output[-5000:]
+    assert json.loads((work / "reports" / "preflight.json").read_text())["node01"]["report"]["verdict"] != "block"
+    served = subprocess.run(["podman", "exec", node.container, "readlink", "/opt/vllm-fleet/current"],
+                            capture_output=True, text=True, timeout=60).stdout
+    assert served.strip().endswith(story.FIXED_ID), served
+    units = subprocess.run(["podman", "exec", node.container, "systemctl", "is-active", "vllm@gpu0",
+                            "vllm-fleet-watchdog@gpu0.timer"], capture_output=True, text=True, timeout=60).stdout
+    assert units.split() == ["active", "active"], units
+    assert tree_digest(collection) == before
