@@ -596,6 +596,19 @@ def test_wedge_keeps_health_green_with_zero_progress(gpu, tmp_path):
         assert node.metrics()["vllm:generation_tokens_total"] > frozen
 
 
+def test_a_server_that_goes_bad_with_time_answers_500_but_stays_healthy(gpu, tmp_path):
+    """The knob behind the bake's fault: completions succeed, then 500 once
+    VLLM_STANDIN_FAIL_AFTER_SECONDS have passed, while /health and /metrics stay green."""
+    payload = {"model": NVFP4_MODEL, "prompt": "hello", "max_tokens": 2}
+    with serve(gpu, tmp_path, env={"VLLM_STANDIN_LOAD_SECONDS": "0", "VLLM_STANDIN_FAIL_AFTER_SECONDS": "1.5"}) as node:
+        assert node.post("/v1/completions", payload)[0] == 200
+        time.sleep(1.6)
+        status, body = node.post("/v1/completions", payload)
+        assert status == 500 and body["error"]["type"] == "InternalServerError"
+        assert node.get("/health")[0] == 200
+        assert node.get("/metrics")[0] == 200
+
+
 def test_wheel_installs_the_vllm_console_script(tmp_path):
     files = {str(p.relative_to(SRC)): p.read_bytes() for p in SRC.rglob("*.py")}
     files[f"{dist_info_dir('vllm', '0.25.1')}/entry_points.txt"] = "[console_scripts]\nvllm = vllm.cli:main\n"
