@@ -4,6 +4,7 @@
     vllm-fleet rollout   ...
     vllm-fleet rollback  ...
     vllm-fleet coredumps {enable,disable,collect} ...
+    vllm-fleet verify    ...
     vllm-fleet report    ARTIFACTS_DIR [-o HTML]
 
 Each run streams one line per event that matters, keeps the ansible-runner artifacts
@@ -36,6 +37,7 @@ COMMANDS = {
     "rollout": ("rollout.yml", "roll the release out: canary first, then batches, each gated by a soak"),
     "rollback": ("playbooks/rollback.yml", "flip nodes back to their previous release"),
     "coredumps": ("playbooks/coredump.yml", "enable, disable or collect GPU core dumps"),
+    "verify": ("playbooks/verify.yml", "re-hash the installed releases against their manifests and report drift"),
 }
 COREDUMP_ACTIONS = ("enable", "disable", "collect")
 # The commands whose runs get the HTML report (<artifacts>/rollout.html).

@@ -72,10 +72,15 @@ def run_role(inventory: Path, tmp_path: Path, *args: str, **extra):
     return run, time.monotonic() - started
 
 
-def recap(output: str) -> dict:
-    match = re.search(r"^rt\s+:\s+(.*)$", output, re.MULTILINE)
+def recap(output: str, host: str = "rt") -> dict:
+    match = re.search(rf"^{host}\s+:\s+(.*)$", output, re.MULTILINE)
     assert match, output[-3000:]
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
+
+
+def flat(output: str) -> str:
+    """Ansible's output with its line wrapping undone, to find a message in it."""
+    return " ".join(output.split())
 
 
 def sh(node, cmd: str) -> str:
@@ -138,6 +143,20 @@ def test_release_with_cudnn_override_installs_verifies_and_is_idempotent(node, w
     assert recap(run.output)["changed"] == 0, run.output[-4000:]
     assert sh(node, f"stat -c %Y {RELEASE}/vllm-fleet-release.json") == before
     print(f"second run (nothing to do): {seconds:.1f} s")
+
+    # playbooks/verify.yml re-hashes the release: untouched, no drift (the negative control) ...
+    started = time.monotonic()
+    run = ansible_playbook("playbooks/verify.yml", inventory)
+    assert run.rc == 0, run.output[-4000:]
+    assert re.search(rf"{RELEASE}: 5 dists as expected, \d+ files match their RECORD hashes", flat(run.output)), run.output[-3000:]
+    print(f"verify of the untouched release: {time.monotonic() - started:.1f} s")
+    # ... then one line appended to an installed file, and a .pth (run at every start) added.
+    site = f"{RELEASE}/lib/python3.11/site-packages"
+    sh(node, f"echo 'import os' >> {site}/vllm/__init__.py && echo 'import os' > {site}/zz-evil.pth")
+    run = ansible_playbook("playbooks/verify.yml", inventory, "--check")
+    assert run.rc != 0 and "Traceback" not in run.output
+    assert (f"{RELEASE} drifted from what was installed: (no dist): added lib/python3.11/site-packages/zz-evil.pth"
+            f" | vllm: changed lib/python3.11/site-packages/vllm/__init__.py") in flat(run.output), run.output[-3000:]
 
 
 def test_missing_cudnn_fails_clearly_and_leaves_serving_alone(node, wheelhouse_without_new_cudnn, tmp_path):
@@ -211,3 +230,62 @@ def test_prune_keeps_n_and_never_current_or_known_good(node, wheelhouse, tmp_pat
     assert sorted(sh(node, f"ls -A {ROOT_DIR}/releases").split()) == sorted([RID, "r1", "r2", "notes"])
     run, _ = run_role(inventory, tmp_path, "--tags", "prune", vllm_fleet_runtime_keep_releases=1)
     assert run.rc == 0 and recap(run.output)["changed"] == 0, run.output[-4000:]
+
+
+def tampered(wheel: Path, out_dir: Path) -> Path:
+    """A copy of ``wheel`` under the same name, one file added: what a poisoned mirror serves."""
+    import zipfile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    copy = out_dir / wheel.name
+    shutil.copyfile(wheel, copy)
+    with zipfile.ZipFile(copy, "a") as archive:
+        archive.writestr("evil.py", "import os\n")
+    return copy
+
+
+def test_tampered_wheels_are_refused_with_a_cold_cache(node, wheelhouse, tmp_path):
+    node, inventory = node
+    copy_wheelhouse(node, wheelhouse)
+    # uv itself first: pip checks its wheel against the role's files/uv-requirements.txt.
+    (uv_wheel,) = wheelhouse.glob("uv-*.whl")
+    copy_wheelhouse(node, tampered(uv_wheel, tmp_path / "bad-uv").parent)
+    run, _ = run_role(inventory, tmp_path)
+    assert run.rc != 0 and "Traceback" not in run.output
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in run.output, run.output[-3000:]
+    assert "Install uv into the tools venv, its wheel checked against the hashes" in run.output
+    assert node.exec(f"test -e {ROOT_DIR}/tools/bin/uv").returncode != 0
+
+    # Then vllm, against a lock compiled from the true wheelhouse (this node's uv cache is cold).
+    lock = compile_lock(wheelhouse, tmp_path)
+    (vllm_wheel,) = wheelhouse.glob("vllm-*.whl")
+    copy_wheelhouse(node, wheelhouse)  # the true uv back
+    copy_wheelhouse(node, tampered(vllm_wheel, tmp_path / "bad-vllm").parent)
+    run, _ = run_role(inventory, tmp_path, vllm_fleet_runtime_lock_src=str(lock))
+    assert run.rc != 0 and "Traceback" not in run.output
+    assert (f'release {RID}: the step "Install exactly the lock, every file checked against its hash" failed') in run.output
+    assert "Hash mismatch for `vllm==0.25.1`" in run.output, run.output[-3000:]
+    assert sh(node, f"ls -A {ROOT_DIR}/releases") == ""  # no release, no staging left
+
+
+def test_every_node_installs_the_first_nodes_lock(sim_nodes, wheelhouse, tmp_path):
+    from tests.fixtures.wheels.build import build_wheel
+
+    first, second = sim_nodes({"rt": None, "rt2": None})
+    inventory = simnode.write_inventory([first, second], tmp_path / "inventory.yml")
+    copy_wheelhouse(first, wheelhouse)
+    copy_wheelhouse(second, wheelhouse)
+    # rt2's wheelhouse also has a newer nvidia-ml-py (vllm requires it unpinned): resolving on
+    # its own, rt2 would take it; the fleet installs what the first node resolved.
+    newer = build_wheel("nvidia-ml-py", "13.999.0", {"pynvml.py": "NEWER = True\n"}, [], tmp_path / "newer")
+    copy_wheelhouse(second, newer.parent)
+
+    run, seconds = run_role(inventory, tmp_path)
+    assert run.rc == 0, run.output[-6000:]
+    print(f"\ntwo nodes, one lock: {seconds:.1f} s")
+    manifests = {n.name: json.loads(sh(n, f"cat {RELEASE}/vllm-fleet-release.json")) for n in (first, second)}
+    assert manifests[first.name]["tools"]["lock"] == "compiled here"
+    assert manifests[second.name]["tools"]["lock"] == f"from {first.name}"
+    assert sh(second, f"cat {RELEASE}/lock.txt") == sh(first, f"cat {RELEASE}/lock.txt")
+    assert {p["name"]: p["version"] for p in manifests[second.name]["packages"]}["nvidia-ml-py"] == "13.615.71"
+    assert "Re-hash the staged venv against the lock" in run.output

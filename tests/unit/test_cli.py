@@ -257,7 +257,8 @@ def test_console_script_is_installed():
 def test_commands_map_to_the_playbooks():
     assert {name: playbook for name, (playbook, _) in cli.COMMANDS.items()} == {
         "preflight": "playbooks/preflight.yml", "rollout": "rollout.yml",
-        "rollback": "playbooks/rollback.yml", "coredumps": "playbooks/coredump.yml"}
+        "rollback": "playbooks/rollback.yml", "coredumps": "playbooks/coredump.yml",
+        "verify": "playbooks/verify.yml"}
     assert (ROOT / "playbooks" / "preflight.yml").is_file()
 
 

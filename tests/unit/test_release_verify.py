@@ -1,5 +1,6 @@
 """module_utils/release_verify.py on venv-like trees: files re-hashed against their RECORD."""
 import csv
+import hashlib
 
 import pytest
 
@@ -86,3 +87,18 @@ def test_what_cannot_be_verified_is_an_error(tmp_path, venv):
     record.write_text(record.read_text() + "../../../../../etc/passwd,sha256=x,1\n")
     with pytest.raises(VerifyError, match="outside the venv"):
         verify_venv(str(venv), EXPECTED)
+
+
+def test_the_role_pins_uv_by_hash_and_the_wheelhouse_carries_that_uv():
+    """uv checks every other hash, so its own wheel is pinned: the file pip installs it from."""
+    from pathlib import Path
+
+    from tests.fixtures.wheels.build import PYPI_CACHE, PYPI_WHEELS
+
+    text = (Path(__file__).parents[2] / "roles/vllm_runtime/files/uv-requirements.txt").read_text()
+    pins = [line.split()[0] for line in text.splitlines() if line and not line.startswith((" ", "#"))]
+    hashes = [line.split("sha256:")[1].rstrip(" \\") for line in text.splitlines() if "--hash=sha256:" in line]
+    assert pins == [p for p in PYPI_WHEELS if p.startswith("uv==")] == ["uv==0.13.9"]
+    assert len(hashes) == 18 and all(len(h) == 64 for h in hashes)
+    for wheel in PYPI_CACHE.glob("uv-0.13.9-*.whl"):  # the wheel the test nodes install
+        assert hashlib.sha256(wheel.read_bytes()).hexdigest() in hashes
