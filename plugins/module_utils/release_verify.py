@@ -61,7 +61,7 @@ def _metadata(dist_info: str) -> tuple:
         for line in handle:
             if not line.strip():
                 break  # the headers end at the first blank line
-            key, _, value = line.partition(":")
+            key, value = line.split(":", 1) if ":" in line else (line, "")
             if key == "Name":
                 name = value.strip()
             elif key == "Version":
