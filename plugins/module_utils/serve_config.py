@@ -2,7 +2,7 @@
 """Serving profiles: validate them against a schema of ``vllm serve`` flags, render the
 ``vllm serve --config`` YAML and the systemd environment file.
 
-A profile is ``{name, description, model, serve_args, env}`` (``profiles/*.yml``). The
+A profile is ``{name, description, model, serve_args, env, baseline}`` (``profiles/*.yml``). The
 schema is data (``catalogue/vllm_serve_args.yml``): flag name -> type, choices, range,
 whether a boolean has a ``--no-`` form, and whether the service role owns the flag.
 
@@ -24,12 +24,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import SoakConfigError, validate_performance_spec
+
 SCHEMA_VERSION = 1
 TYPES = ("bool", "int", "float", "str", "size", "list", "json")
 FLAG_KEYS = ("type", "help", "negatable", "choices", "min", "max", "min_exclusive", "max_exclusive",
              "elements", "reserved")
 PROFILE_REQUIRED = ("name", "model")
-PROFILE_OPTIONAL = ("description", "serve_args", "env")
+PROFILE_OPTIONAL = ("description", "serve_args", "env", "baseline")
 FLAG_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # vLLM's sizes: 262144, 256k (x1000), 256K (x1024), 1m, 1M, 1g, 1G.
@@ -511,6 +513,10 @@ def build(schema_data: Any, profile: Any, *, role_args: dict | None = None, role
     reserved = {**{name: "the role sets it for each instance" for name in role_env}, **(reserved_env or {})}
     env, env_errors, warnings = validate_env(schema, profile.get("env"), reserved=reserved, where="profile.env")
     errors += arg_errors + env_errors
+    try:  # the soak gate's figures at the reference load (roles/soak_gate reads them)
+        validate_performance_spec(profile.get("baseline"), None, baseline_name="profile.baseline")
+    except SoakConfigError as exc:
+        errors.append(str(exc))
     if errors:
         raise ProfileError(errors)
 

@@ -82,7 +82,7 @@ PERF_METRICS = {
     "kv_cache_peak": ("lower_abs", 0.05),
 }
 THROUGHPUT_KEYS = ("total_token_throughput", "output_throughput", "request_throughput")
-PERF_UNITS = {"kv_cache_peak": "", "total_token_throughput": " tokens/s", "output_throughput": " tokens/s",
+PERF_UNITS = {"total_token_throughput": " tokens/s", "output_throughput": " tokens/s",
               "request_throughput": " req/s"}
 
 # Keys of one `vllm bench serve` result kept in the soak's record (the per-request arrays
@@ -512,7 +512,9 @@ class Monitor:
             self.generated_tokens += gen - self._gen_prev if gen >= self._gen_prev else gen
         self._gen_prev = gen
         point = (sample.elapsed_s, self._tokens_offset + total)
-        if self._tokens_first is None:
+        # Throughput counts from the last sample before the counters move: the seconds before
+        # the load generator sends its first request are not the server's to answer for.
+        if self._tokens_first is None or point[1] == self._tokens_first[1]:
             self._tokens_first = point
         self._window.append(point)
         while len(self._window) > 2 and sample.elapsed_s - self._window[1][0] >= self.config.tokens_window_s:
@@ -602,25 +604,46 @@ def aggregate_bench(results: list[dict]) -> dict | None:
     return agg
 
 
-def validate_performance_spec(baseline: dict | None, tolerances: dict | None) -> None:
-    """Unknown metric names would silently skip a check: refuse them."""
+# A tolerance is a fraction of the baseline (KV cache: fraction points); 5 meant as 5% would
+# pass everything, and half the baseline or more is no gate.
+TOLERANCE_RANGE = (0.0, 0.5)
+
+
+def _kind(value) -> str:
+    """What a value is, in words (Ansible's templated values are tagged subclasses of the plain types)."""
+    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+                       (list, "a list")):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else type(value).__name__
+
+
+def validate_performance_spec(baseline: dict | None, tolerances: dict | None, *, baseline_name: str = "baseline",
+                              tolerances_name: str = "tolerances") -> None:
+    """Unknown metric names would silently skip a check, a tolerance out of range passes
+    everything: refuse them. The names are what the message calls the two mappings."""
     known = sorted(PERF_METRICS)
-    for what, spec in (("baseline", baseline or {}), ("tolerances", tolerances or {})):
+    low, high = TOLERANCE_RANGE
+    for what, spec in ((baseline_name, {} if baseline is None else baseline),
+                       (tolerances_name, {} if tolerances is None else tolerances)):
         if not isinstance(spec, dict):
-            raise SoakConfigError(f"{what} must be a mapping of metric name to number")
+            raise SoakConfigError(f"{what} must be a mapping of metric name to number, got {_kind(spec)} {spec!r}")
         for key, value in spec.items():
             if key not in PERF_METRICS:
                 raise SoakConfigError(f"{what}: unknown metric {key!r}; known: {', '.join(known)}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise SoakConfigError(f"{what}.{key} must be a number >= 0, got {value!r}")
-    for key in tolerances or {}:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise SoakConfigError(f"{what}.{key} must be a number > 0, got {value!r}")
+    for key, value in (tolerances or {}).items():
+        if not low < value < high:
+            raise SoakConfigError(f"{tolerances_name}.{key} is {value!r}: a tolerance is a fraction, "
+                                  f"{low:g} < tolerance < {high:g} (0.05 for 5%)")
         if key not in (baseline or {}):
-            raise SoakConfigError(f"tolerances.{key} has no baseline.{key} to apply to: add the baseline value "
-                                  "or remove the tolerance")
+            raise SoakConfigError(f"{tolerances_name}.{key} has no {baseline_name}.{key} to apply to: add the "
+                                  "baseline value or remove the tolerance")
     for key, value in (baseline or {}).items():
         if key == "kv_cache_peak" and value > 1:
-            raise SoakConfigError(f"baseline.kv_cache_peak is a 0-1 fraction (vllm:kv_cache_usage_perc), got {value}: "
-                                  "write 0.55 for 55%")
+            raise SoakConfigError(f"{baseline_name}.kv_cache_peak is a 0-1 fraction (vllm:kv_cache_usage_perc), "
+                                  f"got {value}: write 0.55 for 55%")
 
 
 def judge_performance(observed: dict, baseline: dict | None, tolerances: dict | None) -> dict:
@@ -645,6 +668,24 @@ def judge_performance(observed: dict, baseline: dict | None, tolerances: dict | 
     judged = [m["passed"] for m in metrics.values()]
     return {"metrics": metrics, "passed": all(p is not False for p in judged),
             "unmeasured": sorted(k for k, m in metrics.items() if m["passed"] is None)}
+
+
+def format_number(value: float) -> str:
+    """12160.4 -> "12,160"; small figures keep three significant digits (41.3, 0.62)."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def performance_message(key: str, m: dict) -> str:
+    """One judged metric in words, e.g. "total_token_throughput: 12,160 tokens/s is 6.9% below
+    the baseline 13,060 (tolerance 5%)"; the KV cache in percent and points."""
+    if key == "kv_cache_peak":
+        points = (m["observed"] - m["baseline"]) * 100
+        return (f"{key}: {m['observed'] * 100:.3g}% is {abs(points):.3g} points {'above' if points > 0 else 'below'} "
+                f"the baseline {m['baseline'] * 100:.3g}% (tolerance {m['tolerance'] * 100:.3g} points)")
+    change = (m["observed"] / m["baseline"] - 1) * 100
+    return (f"{key}: {format_number(m['observed'])}{PERF_UNITS.get(key, ' ms')} is {abs(change):.1f}% "
+            f"{'above' if change > 0 else 'below'} the baseline {format_number(m['baseline'])} "
+            f"(tolerance {m['tolerance'] * 100:.3g}%)")
 
 
 # --------------------------------------------------------------------------- statistics
@@ -791,9 +832,7 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
     if not reasons:
         for key, m in performance["metrics"].items():
             if m["passed"] is False:
-                unit = PERF_UNITS.get(key, " ms")
-                reasons.append(f"{key} {m['observed']:.4g}{unit} is worse than the baseline {m['baseline']:.4g}{unit} "
-                               f"beyond the tolerance ({m['direction']} {m['limit']:.4g}{unit}).")
+                reasons.append(performance_message(key, m) + ".")
         if elapsed_s < min_duration_s:
             reasons.append(f"The soak ran {elapsed_s:.0f} s, less than the minimum of {min_duration_s:.0f} s.")
         if monitor.samples and monitor.max_in_flight == 0 and monitor.generated_tokens <= 0:
@@ -821,8 +860,9 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
     elif source == "bench":
         reported = throughput["reported"]
         notes.append(f"The gate judged throughput recomputed from the load runs' token totals over their duration "
-                     f"({throughput['recomputed']:.4g} tokens/s); the bench reported "
-                     + (f"{reported:.4g} tokens/s." if reported is not None else "no total_token_throughput."))
+                     f"({format_number(throughput['recomputed'])} tokens/s); the bench reported "
+                     + (f"{format_number(reported)} tokens/s." if reported is not None
+                        else "no total_token_throughput."))
     summary = (f"Soak passed: {proved['statement']}" if passed
                else f"Soak failed after {elapsed_s:.1f} s: {reasons[0]}")
     out = {

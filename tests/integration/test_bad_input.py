@@ -107,6 +107,11 @@ PLAYBOOK_CASES = {
     "soak-duration-negative": ({"vllm_fleet_soak_duration_s": -5}, "vllm_fleet_soak_duration_s", 1),
     "soak-minimum-beyond-duration": ({"vllm_fleet_soak_min_duration_s": 99999}, "vllm_fleet_soak_min_duration_s", 1),
     "soak-wedge-window-under-two-samples": ({"vllm_fleet_soak_wedge_window_s": 1}, "vllm_fleet_soak_wedge_window_s", 1),
+    "soak-tolerance-5-meant-as-5-percent": ({"vllm_fleet_soak_tolerances": {"total_token_throughput": 5}},
+                                            "vllm_fleet_soak_tolerances.total_token_throughput is 5: a tolerance "
+                                            "is a fraction, 0 < tolerance < 0.5", 1),
+    "soak-baseline-not-a-mapping": ({"vllm_fleet_soak_baseline": 12800}, "vllm_fleet_soak_baseline must be a "
+                                    "mapping of metric name to number, got an integer 12800", 1),
     "api-key-with-spaces": ({"vllm_fleet_service_api_key": "not a key"}, "vllm_fleet_service_api_key", 1),
     # whole-value matches: $ would accept a final newline (issue 14)
     "api-key-with-a-trailing-newline": ({"vllm_fleet_service_api_key": "a" * 20 + "\n"},

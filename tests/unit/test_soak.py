@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils import soak
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import (
@@ -317,13 +318,76 @@ def test_tolerances_override_and_unmeasured_metrics_are_not_failures():
 
 @pytest.mark.parametrize("baseline, tolerances, message", [
     ({"tokens_per_second": 1}, {}, "unknown metric 'tokens_per_second'"),
-    ({"mean_tpot_ms": "fast"}, {}, "must be a number"),
+    ({"mean_tpot_ms": "fast"}, {}, "must be a number > 0, got 'fast'"),
+    ({"total_token_throughput": 0}, {}, "must be a number > 0, got 0"),
     ({"kv_cache_peak": 55}, {}, "0-1 fraction"),
     ({"mean_tpot_ms": 40}, {"output_throughput": 0.1}, "no baseline.output_throughput"),
+    (12800, {}, "baseline must be a mapping of metric name to number, got an integer 12800"),
+    ("", {}, "baseline must be a mapping"),
+    ({"total_token_throughput": 12800}, [0.05], "tolerances must be a mapping"),
 ])
 def test_baseline_typos_are_refused(baseline, tolerances, message):
     with pytest.raises(SoakConfigError, match=message):
         soak.validate_performance_spec(baseline, tolerances)
+
+
+@pytest.mark.parametrize("tolerance", [5, 0.5, 0.75, 0, -0.05, True, "0.05"])
+def test_a_tolerance_outside_the_range_is_refused_with_the_range(tolerance):
+    with pytest.raises(SoakConfigError) as refused:
+        soak.validate_performance_spec({"total_token_throughput": 12800}, {"total_token_throughput": tolerance},
+                                       baseline_name="vllm_fleet_soak_baseline",
+                                       tolerances_name="vllm_fleet_soak_tolerances")
+    message = str(refused.value)
+    assert message.startswith("vllm_fleet_soak_tolerances.total_token_throughput")
+    assert repr(tolerance) in message
+    if not isinstance(tolerance, (bool, str)) and tolerance > 0:
+        assert "0 < tolerance < 0.5 (0.05 for 5%)" in message
+
+
+@pytest.mark.parametrize("tolerance", [0.001, 0.05, 0.49])
+def test_a_tolerance_inside_the_range_is_taken(tolerance):
+    soak.validate_performance_spec({"total_token_throughput": 12800, "kv_cache_peak": 0.55},
+                                   {"total_token_throughput": tolerance, "kv_cache_peak": tolerance})
+
+
+def test_tolerance_5_meant_as_5_percent_no_longer_passes_everything():
+    """The negative control of the bounds: judged alone, a tolerance of 5 lets a release at
+    a tenth of the baseline through; the validation that every entry point runs refuses it."""
+    judged = soak.judge_performance({"total_token_throughput": 1280}, {"total_token_throughput": 12800},
+                                    {"total_token_throughput": 5})
+    assert judged["passed"] is True
+    with pytest.raises(SoakConfigError, match="0 < tolerance < 0.5"):
+        SoakConfig(unit="vllm@gpu0", state_dir="/s", duration_s=600, venv="/v",
+                   baseline={"total_token_throughput": 12800}, tolerances={"total_token_throughput": 5}).validate()
+
+
+@pytest.mark.parametrize("key, observed, base, tolerance, message", [
+    ("total_token_throughput", 13960.4, 15000, 0.05,
+     "total_token_throughput: 13,960 tokens/s is 6.9% below the baseline 15,000 (tolerance 5%)"),
+    ("output_throughput", 38.25, 44, 0.1, "output_throughput: 38.2 tokens/s is 13.1% below the baseline 44 "
+                                          "(tolerance 10%)"),
+    ("mean_tpot_ms", 52.1, 40, 0.1, "mean_tpot_ms: 52.1 ms is 30.2% above the baseline 40 (tolerance 10%)"),
+    ("request_throughput", 0.61, 0.75, 0.125, "request_throughput: 0.61 req/s is 18.7% below the baseline 0.75 "
+                                              "(tolerance 12.5%)"),
+    ("kv_cache_peak", 0.612, 0.55, 0.05, "kv_cache_peak: 61.2% is 6.2 points above the baseline 55% "
+                                         "(tolerance 5 points)"),
+])
+def test_a_failed_metric_reads_in_thousands_and_percent(key, observed, base, tolerance, message):
+    judged = soak.judge_performance({key: observed}, {key: base}, {key: tolerance})
+    assert judged["metrics"][key]["passed"] is False
+    assert soak.performance_message(key, judged["metrics"][key]) == message
+
+
+def test_the_shipped_profiles_carry_a_valid_baseline_and_nvfp4_keeps_its_win():
+    """The gate is on by default: each profile's figures at the reference load, valid as the
+    soak module takes them; NVFP4's bar is at least the FP8 figure, its KV peak lower."""
+    profiles = {p.stem: yaml.safe_load(p.read_text()) for p in (ROOT / "profiles").glob("*.yml")}
+    fp8, nvfp4 = profiles["qwen3.6-35b-a3b-fp8"]["baseline"], profiles["qwen3.6-35b-a3b-nvfp4-sm120"]["baseline"]
+    assert fp8 == {"total_token_throughput": 12800, "kv_cache_peak": 0.55}
+    assert nvfp4["total_token_throughput"] >= fp8["total_token_throughput"]
+    assert nvfp4["kv_cache_peak"] == pytest.approx(fp8["kv_cache_peak"] - 0.12)
+    for name, data in profiles.items():
+        soak.validate_performance_spec(data["baseline"], {})
 
 
 def test_bench_runs_aggregate_by_totals_and_worst_percentiles():
@@ -409,6 +473,17 @@ def passing_monitor(minutes=2):
     return monitor
 
 
+def test_server_throughput_counts_from_when_the_load_arrives():
+    """A short soak (the tests', a rehearsal's) waits seconds for the load generator to start;
+    those idle seconds are not the server's throughput (counted from the first sample, this
+    engine would read 660 tokens/s, 40% slow)."""
+    monitor = Monitor(MonitorConfig(wedge_window_s=10))
+    idle = [healthy(t, gen=0, prompt=0, running=0) for t in range(0, 5)]
+    loaded = [healthy(t, gen=(t - 4) * 100, prompt=(t - 4) * 1000) for t in range(5, 11)]
+    feed(monitor, idle + loaded)
+    assert monitor.server_tokens_per_s() == pytest.approx(1100)
+
+
 def test_a_passing_verdict_says_what_it_proved():
     monitor = passing_monitor(60)
     result = soak.verdict(monitor, elapsed_s=3600, duration_s=3600, min_duration_s=1800,
@@ -468,7 +543,7 @@ def test_the_verdict_keeps_the_bench_throughput_beside_the_recomputed_one():
     assert throughput["recomputed"] == pytest.approx((1215000 + 3840) / 90) == result["tokens_per_s"]
     assert throughput["reported"] == pytest.approx((13500 * 60 + 12000 * 30) / 90) == result["bench_tokens_per_s"]
     assert result["performance"]["metrics"]["total_token_throughput"]["observed"] == throughput["recomputed"]
-    assert any("recomputed from the load runs' token totals" in n and "the bench reported 1.3e+04" in n
+    assert any("recomputed from the load runs' token totals" in n and "the bench reported 13,000 tokens/s" in n
                for n in result["notes"])
     # Without the bench's own figure, nothing is invented.
     bare = [{k: v for k, v in r.items() if k != "total_token_throughput"} for r in runs]
@@ -498,7 +573,8 @@ def test_too_short_slow_or_idle_soaks_fail():
     slow = soak.verdict(monitor, elapsed_s=60, duration_s=60, min_duration_s=0, bench_results=[],
                         baseline={"total_token_throughput": 5000})
     assert not slow["passed"] and slow["performance"]["source"] == "metrics"
-    assert "total_token_throughput 1100 tokens/s is worse than the baseline 5000" in slow["reasons"][0]
+    assert slow["reasons"][0] == "total_token_throughput: 1,100 tokens/s is 78.0% below the baseline 5,000 " \
+                                 "(tolerance 5%)."
     idle = Monitor()
     feed(idle, [healthy(t, gen=0, prompt=0, running=0) for t in range(0, 20, 2)])
     verdict = soak.verdict(idle, elapsed_s=20, duration_s=20, min_duration_s=0, bench_results=[])
@@ -823,3 +899,17 @@ def test_modules_through_ansible(tmp_path):
     status = results["status"]
     assert status["done"] is True and status["passed"] is True and status["progress"]["elapsed_s"] == 7
     assert time.monotonic() - started < 60  # the finished soak did not make soak_status wait
+
+
+@pytest.mark.parametrize("baseline, message", [
+    ("12.8k", "profile.baseline must be a mapping of metric name to number, got a string '12.8k'"),
+    ({"total_token_throughput": "12.8k"}, "profile.baseline.total_token_throughput must be a number > 0, got '12.8k'"),
+])
+def test_a_profile_baseline_of_the_wrong_type_is_refused_with_the_profile(baseline, message):
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils import serve_config
+
+    schema = yaml.safe_load((ROOT / "catalogue" / "vllm_serve_args.yml").read_text())
+    profile = yaml.safe_load((ROOT / "profiles" / "qwen3.6-35b-a3b-fp8.yml").read_text())
+    serve_config.build(schema, profile)  # the shipped one, baseline and all, is fine
+    with pytest.raises(serve_config.ProfileError, match=message):
+        serve_config.build(schema, {**profile, "baseline": baseline})
