@@ -81,6 +81,9 @@ PERF_METRICS = {
     "p99_itl_ms": ("lower", 0.20),
     "kv_cache_peak": ("lower_abs", 0.05),
 }
+# The least load, in seconds, whose server-side throughput is judged (a short soak whose load
+# generator started late has only its ramp-up to show).
+MIN_LOAD_S = 5.0
 THROUGHPUT_KEYS = ("total_token_throughput", "output_throughput", "request_throughput")
 PERF_UNITS = {"total_token_throughput": " tokens/s", "output_throughput": " tokens/s",
               "request_throughput": " req/s"}
@@ -361,11 +364,12 @@ class Monitor:
         return (n1 - n0) / (t1 - t0) if t1 > t0 else None
 
     def server_tokens_per_s(self) -> float | None:
-        """Prompt + generated tokens per second over the whole soak (server side)."""
+        """Prompt + generated tokens per second while the load ran (server side); None when it
+        ran less than MIN_LOAD_S: seconds of ramp-up are no figure to judge."""
         if self._tokens_first is None or not self._window:
             return None
         (t0, n0), (t1, n1) = self._tokens_first, self._window[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
+        return (n1 - n0) / (t1 - t0) if t1 - t0 >= MIN_LOAD_S else None
 
     def progress(self) -> dict:
         last = self.last

@@ -473,7 +473,7 @@ def passing_monitor(minutes=2):
     return monitor
 
 
-def test_server_throughput_counts_from_when_the_load_arrives():
+def test_server_throughput_counts_from_when_the_load_arrives_and_needs_enough_of_it():
     """A short soak (the tests', a rehearsal's) waits seconds for the load generator to start;
     those idle seconds are not the server's throughput (counted from the first sample, this
     engine would read 660 tokens/s, 40% slow)."""
@@ -482,6 +482,12 @@ def test_server_throughput_counts_from_when_the_load_arrives():
     loaded = [healthy(t, gen=(t - 4) * 100, prompt=(t - 4) * 1000) for t in range(5, 11)]
     feed(monitor, idle + loaded)
     assert monitor.server_tokens_per_s() == pytest.approx(1100)
+    late = Monitor(MonitorConfig(wedge_window_s=10))
+    feed(late, idle + loaded[:4])  # 3 s of load: ramp-up, not a figure
+    assert late.server_tokens_per_s() is None
+    result = soak.verdict(late, elapsed_s=8, duration_s=8, min_duration_s=0, bench_results=[],
+                          baseline={"total_token_throughput": 5000})
+    assert result["passed"] and "Not measured, so not judged: total_token_throughput." in result["notes"]
 
 
 def test_a_passing_verdict_says_what_it_proved():
