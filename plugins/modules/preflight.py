@@ -21,6 +21,8 @@ description:
   - A blocker can be accepted explicitly, with a reason, through O(accept); it is then
     reported as accepted and the verdict is C(warn).
   - Only reads its arguments; it never changes the node.
+  - Runs on the controller (an action plugin); nothing is sent to the node, and the task needs no
+    C(delegate_to).
 options:
   catalogue:
     description:
@@ -71,7 +73,7 @@ options:
     type: bool
     default: true
 requirements:
-  - packaging (PEP 440 versions) on the target's Python interpreter
+  - packaging (PEP 440 versions) on the controller (ansible-core requires it)
 extends_documentation_fragment:
   - vllm_fleet.fleet.read_only
 author:
@@ -167,57 +169,18 @@ preflight:
         - "current blocker cudnn-sm12x-fusion-matmul-oob: ... [device 0] -- fixed by the planned config"
 """
 
-import traceback
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-try:
-    # known_issues needs it; checked here to fail cleanly
-    import packaging.specifiers  # noqa: F401 pylint: disable=unused-import
-except ImportError:
-    PACKAGING_IMPORT_ERROR = traceback.format_exc()
-else:
-    PACKAGING_IMPORT_ERROR = None
-    from ansible_collections.vllm_fleet.fleet.plugins.module_utils.known_issues import (
-        blocked_message,
-        judge,
-        load_catalogue,
-    )
-
-
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            catalogue=dict(type="raw", required=True),
-            gpu=dict(type="dict", required=True),
-            current=dict(type="dict"),
-            planned=dict(type="dict", required=True),
-            accept=dict(
-                type="list",
-                elements="dict",
-                default=[],
-                options=dict(id=dict(type="str", required=True), reason=dict(type="str", required=True)),
-            ),
-            fail_on_blocker=dict(type="bool", default=True),
-        ),
-        supports_check_mode=True,
-    )
-    if PACKAGING_IMPORT_ERROR:
-        module.fail_json(msg=missing_required_lib("packaging"), exception=PACKAGING_IMPORT_ERROR)
-
-    params = module.params
-    try:
-        entries = load_catalogue(params["catalogue"])
-        report = judge(entries, params["gpu"], params["current"], params["planned"], params["accept"])
-    except ValueError as exc:  # CatalogueError and PlanError: the message says what and where
-        module.fail_json(msg=f"preflight: {exc}")
-
-    if report["verdict"] == "block":
-        report["message"] = blocked_message(report)
-        if params["fail_on_blocker"]:
-            module.fail_json(msg=report["message"], preflight=report)
-    module.exit_json(changed=False, preflight=report)
-
-
-if __name__ == "__main__":
-    main()
+# Judged on the controller by the action plugin of the same name (plugins/action/preflight.py),
+# which validates the task's arguments against this spec.
+ARGUMENT_SPEC = dict(
+    catalogue=dict(type="raw", required=True),
+    gpu=dict(type="dict", required=True),
+    current=dict(type="dict"),
+    planned=dict(type="dict", required=True),
+    accept=dict(
+        type="list",
+        elements="dict",
+        default=[],
+        options=dict(id=dict(type="str", required=True), reason=dict(type="str", required=True)),
+    ),
+    fail_on_blocker=dict(type="bool", default=True),
+)

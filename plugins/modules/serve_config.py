@@ -23,6 +23,7 @@ description:
     service role copies them), so it changes nothing and runs the same in check mode.
   - The YAML is one line per flag, the key then its value as JSON, which any YAML loader reads back
     exactly; no YAML library is needed on the node.
+  - Runs on the controller (an action plugin); nothing is sent to the node.
 options:
   schema:
     description:
@@ -143,42 +144,13 @@ errors:
     - "profile.serve_args.gpu-memory-utilization: --gpu-memory-utilization 1.5 is out of range: it must be > 0 and <= 1"
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import (
-    ProfileError,
-    SchemaError,
-    build,
+# Rendered on the controller by the action plugin of the same name (plugins/action/serve_config.py),
+# which validates the task's arguments against this spec.
+ARGUMENT_SPEC = dict(
+    schema=dict(type="raw", required=True),
+    profile=dict(type="dict", required=True),
+    role_args=dict(type="dict", default={}),
+    role_env=dict(type="dict", default={}),
+    reserved_env=dict(type="dict", default={}),
+    header=dict(type="str", default=""),
 )
-
-
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            schema=dict(type="raw", required=True),
-            profile=dict(type="dict", required=True),
-            role_args=dict(type="dict", default={}),
-            role_env=dict(type="dict", default={}),
-            reserved_env=dict(type="dict", default={}),
-            header=dict(type="str", default=""),
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
-    try:
-        result = build(params["schema"], params["profile"], role_args=params["role_args"],
-                       role_env=params["role_env"], reserved_env=params["reserved_env"], header=params["header"])
-    except SchemaError as exc:
-        module.fail_json(msg=f"serve_config: {exc}")
-    except ProfileError as exc:
-        name = params["profile"].get("name") if isinstance(params["profile"], dict) else None
-        module.fail_json(msg=f"serve_config: profile {name!r} cannot be served ({len(exc.errors)} problem(s)):\n"
-                             + "\n".join(f"  - {line}" for line in exc.errors),
-                         errors=exc.errors)
-    for warning in result.pop("warnings"):
-        module.warn(warning)
-    module.exit_json(changed=False, **result)
-
-
-if __name__ == "__main__":
-    main()

@@ -22,10 +22,12 @@ description:
     to the file named by the environment variable VLLM_FLEET_MODULE_RUNS, at the end of the run.
 """
 
-# Actions the controller runs itself (no module is sent to the node).
+# Actions the controller runs itself (no module is sent to the node): ansible-core's, and this
+# collection's action plugins that need no connection (plugins/action).
 CONTROLLER_ACTIONS = {
     "set_fact", "assert", "debug", "fail", "meta", "group_by", "add_host", "include_tasks", "import_tasks",
     "include_role", "import_role", "include_vars", "set_stats", "pause", "wait_for_connection",
+    "validate_argument_spec", "preflight", "serve_config",
 }
 
 

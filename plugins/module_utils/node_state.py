@@ -1,0 +1,64 @@
+# -*- coding: utf-8 -*-
+# Copyright: vllm-fleet contributors
+# Apache License 2.0 (see galaxy.yml)
+"""One read of what a node is and serves: its GPU, the cuDNN of the serving release, where
+`current` and `known-good` point, and the profiles recorded with them. A rollout reads it
+once per node and judges, selects and skips from it (the node_state module)."""
+from __future__ import annotations
+
+import json
+import os
+
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.cudnn import (
+    VenvNotFoundError,
+    absent_venv_facts,
+    collect_cudnn_facts,
+)
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.gpu import collect_gpu_facts
+
+# The links under the root, named as the state reports them.
+LINKS = {"current": "current", "known_good": "known-good"}
+
+
+class NodeStateError(Exception):
+    """A recorded file that cannot be read: the message names it and says why."""
+
+
+def link_target(path: str) -> str:
+    """The release a link points at (its last path component), '' when it is no link."""
+    return os.path.basename(os.path.realpath(path)) if os.path.islink(path) else ""
+
+
+def recorded_profile(path: str) -> dict:
+    """The profile recorded at ``path`` ({} when there is none yet)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            profile = json.load(handle)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise NodeStateError(f"{path} cannot be read as a recorded profile: {exc}") from exc
+    if not isinstance(profile, dict):
+        raise NodeStateError(f"{path} holds {type(profile).__name__}, not a recorded profile (a JSON object)")
+    return profile
+
+
+def read_node_state(root: str, config_dir: str, timeout: int = 60, probe_cudnn: bool = True,
+                    gpu=collect_gpu_facts, cudnn=collect_cudnn_facts) -> tuple[dict, dict]:
+    """(GPU facts, node state) of this node; the GPU facts are gpu_facts' vllm_fleet_gpu.
+    Without ``probe_cudnn`` cudnn_current is None: a rollback must not depend on the venv
+    it leaves being able to run."""
+    current = os.path.join(root, "current")
+    cudnn_current = None
+    if probe_cudnn:
+        try:
+            cudnn_current = cudnn(current, timeout=timeout)
+        except VenvNotFoundError:  # a node that serves nothing yet
+            cudnn_current = absent_venv_facts(current)
+    state = {
+        "cudnn_current": cudnn_current,
+        "links": {name: link_target(os.path.join(root, link)) for name, link in LINKS.items()},
+        "profile": recorded_profile(os.path.join(config_dir, "profile.json")),
+        "known_good_profile": recorded_profile(os.path.join(config_dir, "known-good", "profile.json")),
+    }
+    return gpu(), state

@@ -1,0 +1,69 @@
+"""preflight and serve_config run on the controller (their action plugins): a node that cannot
+be reached still gets its verdict and its rendered config, where a module that needs the node
+(the negative control) is unreachable."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+CATALOGUE = yaml.safe_load((ROOT / "catalogue" / "known_issues.yml").read_text())
+SCHEMA = yaml.safe_load((ROOT / "catalogue" / "vllm_serve_args.yml").read_text())
+PROFILE = yaml.safe_load((ROOT / "profiles" / "qwen3.6-35b-a3b-nvfp4-sm120.yml").read_text())
+GPU = {"available": True, "error": None, "reason": None, "driver_version": "580.95.05",
+       "cuda_driver_version": "13.0", "device_count": 1,
+       "devices": [{"index": 0, "compute_capability": "12.0", "sm": "sm_120"}]}
+PLAN = {"versions": {"vllm": "0.25.1", "torch": "2.11.0", "cudnn": "9.24.0.43"},
+        "serve_args": PROFILE["serve_args"], "env": PROFILE["env"]}
+
+PLAYBOOK = """
+- hosts: offline
+  gather_facts: false
+  vars_files: [vars.json]
+  tasks:
+    - name: Judge
+      vllm_fleet.fleet.preflight: {catalogue: "{{ catalogue }}", gpu: "{{ gpu }}", planned: "{{ plan }}"}
+      register: judged
+
+    - name: Render
+      vllm_fleet.fleet.serve_config: {schema: "{{ schema }}", profile: "{{ profile }}", role_args: {port: 8000}}
+      register: rendered
+
+    - name: Reach the node (the negative control)
+      ansible.builtin.ping:
+      ignore_unreachable: true
+      register: reached
+
+    - name: Save what each task said
+      ansible.builtin.copy:
+        content: "{{ {'judged': judged, 'rendered': rendered, 'reached': reached} | to_json }}"
+        dest: "{{ results_path }}"
+        mode: "0600"
+      delegate_to: localhost
+"""
+
+
+def test_both_run_without_reaching_the_node(tmp_path):
+    (tmp_path / "vars.json").write_text(json.dumps(
+        {"catalogue": CATALOGUE, "gpu": GPU, "plan": PLAN, "schema": SCHEMA, "profile": PROFILE}))
+    (tmp_path / "playbook.yml").write_text(PLAYBOOK)
+    # Port 1 on this machine: every connection is refused at once.
+    (tmp_path / "hosts").write_text(
+        "offline ansible_host=127.0.0.1 ansible_port=1 ansible_connection=ssh ansible_user=nobody\n")
+    results = tmp_path / "results.json"
+    proc = subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts"), "-e", f"results_path={results}",
+         "-e", f"ansible_python_interpreter={sys.executable}", str(tmp_path / "playbook.yml")],
+        cwd=ROOT, env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="False"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = json.loads(results.read_text())
+    assert said["reached"].get("unreachable") is True  # the node really cannot be reached
+    assert said["judged"]["preflight"]["verdict"] in ("ok", "warn") and said["judged"]["changed"] is False
+    assert said["rendered"]["content"].startswith("model: ") and said["rendered"]["config"]["port"] == 8000
