@@ -6,6 +6,7 @@ variable, and a config haproxy -c rejects never replaces the old one. The state 
 (files/haproxy-save-state) is run against a stand-in admin socket."""
 from __future__ import annotations
 
+import grp
 import json
 import os
 import shutil
@@ -48,7 +49,7 @@ def apply(tmp_path: Path, out: Path, *args: str, **extra) -> subprocess.Complete
     (tmp_path / "inventory.json").write_text(json.dumps(INVENTORY))
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
            "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections"), "ANSIBLE_NOCOLOR": "1"}
-    group = __import__("grp").getgrgid(os.getgid()).gr_name
+    group = grp.getgrgid(os.getgid()).gr_name
     variables = {"vllm_fleet_rollout_lb_host": "lb01", "vllm_fleet_lb_config": str(out / "haproxy.cfg"),
                  "vllm_fleet_lb_haproxy": haproxy(), "vllm_fleet_lb_socket": str(out / "admin.sock"),
                  "vllm_fleet_lb_state_file": str(out / "server-state"), "vllm_fleet_lb_group": group,
@@ -106,7 +107,7 @@ def test_the_config_passes_haproxy_c_and_keeps_drains_over_a_reload(rendered):
     check = subprocess.run([haproxy(), "-c", "-f", str(rendered / "haproxy.cfg")], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     lines = [line.strip() for line in text.splitlines()]
-    group = __import__("grp").getgrgid(os.getgid()).gr_name
+    group = grp.getgrgid(os.getgid()).gr_name
     assert f"stats socket {rendered / 'admin.sock'} mode 660 group {group} level admin expose-fd listeners" in lines  # never the world's
     assert f"server-state-file {rendered / 'server-state'}" in lines
     assert "load-server-state-from-file global" in lines
