@@ -23,7 +23,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         result["changed"] = False
-        _, params = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        params = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)[1]  # (result, validated args)
         try:
             entries = load_catalogue(params["catalogue"])
             report = judge(entries, params["gpu"], params["current"], params["planned"], params["accept"])

@@ -19,7 +19,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         result["changed"] = False
-        _, params = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        params = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)[1]  # (result, validated args)
         try:
             built = build(params["schema"], params["profile"], role_args=params["role_args"],
                           role_env=params["role_env"], reserved_env=params["reserved_env"], header=params["header"])

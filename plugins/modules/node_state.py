@@ -78,7 +78,7 @@ ansible_facts:
       contains:
         cudnn_current:
           description: The cuDNN facts of C(<root>/current), as M(vllm_fleet.fleet.cudnn_facts) returns
-            them (RV(ansible_facts.vllm_fleet_node_state.cudnn_current.status=no_venv) before the first release),
+            them (C(status=no_venv) before the first release),
             or V(null) with O(cudnn=false).
           type: dict
         links:
