@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,7 +31,7 @@ import pytest
 import yaml
 
 from tests.fixtures.simnode.fleet import SimFleet, Traffic
-from tests.fixtures.story import EXIT0, FIXED, FIXED_ID, NVFP4, SERVED, clear_reports, node_exec, \
+from tests.fixtures.story import EXIT0, FIXED, FIXED_ID, FLEET_VARS, NVFP4, SERVED, clear_reports, node_exec, \
     provisioned_fleet, report, state
 from tests.integration.faults import (FAST, NODES, assert_converges, assert_serves, completes, rollout,
                                       seqs)
@@ -60,6 +61,32 @@ def test_a_service_that_never_gets_ready_is_rolled_back(fleet):
 
     assert_converges(fleet, "--limit", "canary", release=FIXED, profile_=seqs(96),
                      serving={"node01": (FIXED_ID, "nvfp4-seqs-96")})
+
+
+def test_a_slower_release_fails_the_performance_gate_and_is_rolled_back(fleet):
+    """--enforce-eager (no CUDA graphs) hides the sm_120 crash and gives back the NVFP4 win:
+    the performance gate, on in every test with the fleet's baseline matched to its soak,
+    fails it by its tokens/s. A 20 s soak: a loaded machine's load generator may take seconds
+    to start, and 6 s could leave too little load to judge. The fleet is left as it was, so
+    no re-run to converge."""
+    before = state(fleet, "node01")
+    eager = dict(NVFP4, name="nvfp4-eager", serve_args={**NVFP4["serve_args"], "enforce-eager": True})
+    run, traffic = rollout(fleet, "--limit", "canary", release=FIXED, profile_=eager, vllm_fleet_soak_duration_s=20)
+
+    assert run.rc != 0
+    assert "rollout halted at node01" in run.output and "rolled back to " + FIXED_ID in run.output, run.output[-4000:]
+    canary = report(fleet, "node01")
+    assert canary["status"] == "rolled_back" and canary["soak"]["passed"] is False, canary
+    reason = re.fullmatch(r"total_token_throughput: ([\d,]+) tokens/s is (\d+\.\d)% below the baseline ([\d,]+) "
+                          r"\(tolerance (\d+)%\)\.", canary["soak"]["reasons"][0])
+    assert reason, canary["soak"]["reasons"]
+    observed, below, base, tolerance = (float(g.replace(",", "")) for g in reason.groups())
+    assert base == FLEET_VARS["vllm_fleet_soak_baseline"]["total_token_throughput"]
+    assert below > tolerance and observed == pytest.approx(base * (1 - below / 100), rel=0.002)
+    assert "soak gate failed on node01: " + canary["soak"]["reasons"][0] in run.output
+    assert traffic.most_out == 1
+    traffic.assert_clean()
+    assert_serves(fleet, "node01", FIXED_ID, before["profile"])
 
 
 def test_haproxy_unreachable_halts_the_turn_without_touching_the_node(fleet):
