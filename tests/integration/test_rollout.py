@@ -24,6 +24,8 @@ from tests.fixtures.story import (ACCEPT_PRE_FIX, CUDNN_BLOCKER, EXIT0, FIXED, F
                                   PRE_FIX, PRE_FIX_ID, SERVED, clear_reports, node_exec, play, provisioned_fleet,
                                   report, state)
 from tests.integration.test_cli import vllm_fleet
+from tests.unit.test_report import needs_chromium, render, visible
+from vllm_fleet import report as rep
 
 NODES = ["node01", "node02", "node03", "node04"]
 
@@ -37,6 +39,24 @@ def fleet(node_image, tmp_path_factory):
 
 def fleet_state(sim: SimFleet) -> dict:
     return {node: state(sim, node) for node in NODES}
+
+
+def rendered_report(sim: SimFleet, tmp_path):
+    """The HTML page of the fleet's last run as the CLI's `report` builds it, from what the
+    plain playbook run left in the report dir (the soak gate fetches each soak's files),
+    rendered by Chromium: (screenshot, boxes laid out)."""
+    page = rep.build_report(sim.directory / "reports", tmp_path / "rollout.html", None)
+    shot, boxes, _ = render(page)
+    return shot, boxes
+
+
+def plots_of(boxes: dict) -> dict:
+    return {key: box for key, box in boxes.items() if key.startswith("plot:")}
+
+
+def assert_badge(shot, boxes: dict, cls: str, color: str) -> None:
+    box = next(v for k, v in boxes.items() if cls in k)
+    assert shot.count(color, box, tol=3) > 0.5 * box[2] * box[3], (cls, box)
 
 
 def test_provisioned_fleet_serves_the_pre_fix_release(fleet):
@@ -82,6 +102,21 @@ def test_accepted_risk_canary_soak_catches_the_crash_and_rolls_back(fleet):
     traffic.assert_clean()
 
 
+@needs_chromium
+def test_the_halted_runs_report_plots_the_canarys_crash(fleet, tmp_path):
+    fetched = sorted((fleet.directory / "reports" / "rollout").glob("*/soak/*/*"))
+    assert [(p.parts[-4], p.name) for p in fetched] == [("node01", "progress.jsonl"), ("node01", "verdict.json")]
+    shot, boxes = rendered_report(fleet, tmp_path)
+    assert_badge(shot, boxes, "outcome-halted", rep.OUTCOME_COLORS["halted"])
+    assert_badge(shot, boxes, "status-rolled_back", rep.STATUS_COLORS["rolled_back"])
+    plots = plots_of(boxes)
+    assert len(plots) == 3, sorted(plots)
+    for key, box in plots.items():
+        assert visible(box, shot) and shot.count(rep.PLOT_COLORS[key.rsplit("-", 1)[1]], box) > 60, key
+        # The crash: a full-height marker line in every plot of the canary's soak.
+        assert shot.tallest_column(rep.MARKER_COLORS["crash"], box) > 0.55 * box[3], key
+
+
 def test_fixed_cudnn_passes_the_canary_and_the_fleet_advances_batch_by_batch(fleet):
     clear_reports(fleet)
     with Traffic(fleet, SERVED) as traffic:
@@ -103,6 +138,19 @@ def test_fixed_cudnn_passes_the_canary_and_the_fleet_advances_batch_by_batch(fle
     assert traffic.out_seen == set(NODES) and traffic.most_out == 2
     print("full rollout through HAProxy:", traffic.summary())
     traffic.assert_clean()
+
+
+@needs_chromium
+def test_the_converged_runs_report_plots_every_soak(fleet, tmp_path):
+    shot, boxes = rendered_report(fleet, tmp_path)
+    assert_badge(shot, boxes, "outcome-converged", rep.OUTCOME_COLORS["converged"])
+    plots = plots_of(boxes)
+    assert len(plots) == 3 * len(NODES), sorted(plots)
+    shown = [key for key, box in plots.items() if visible(box, shot)]
+    assert len(shown) >= 6, "fewer than two soaks fit the window"
+    for key in shown:
+        assert shot.count(rep.PLOT_COLORS[key.rsplit("-", 1)[1]], plots[key]) > 60, key
+        assert shot.tallest_column(rep.MARKER_COLORS["crash"], plots[key]) == 0, key
 
 
 def test_rerun_on_the_converged_fleet_changes_nothing(fleet):
