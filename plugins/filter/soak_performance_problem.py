@@ -57,7 +57,7 @@ _value:
     0 < tolerance < 0.5 (0.05 for 5%)
 """
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import (
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import (
     SoakConfigError,
     validate_performance_spec,
 )

@@ -24,7 +24,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import SoakConfigError, validate_performance_spec
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import (
+    SoakConfigError,
+    validate_performance_spec,
+)
 
 SCHEMA_VERSION = 1
 TYPES = ("bool", "int", "float", "str", "size", "list", "json")

@@ -333,15 +333,10 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import (
-    DEFAULT_JOURNAL_PATTERNS,
-    SoakConfig,
-    SoakConfigError,
-    SoakError,
-    bench_command,
-    next_num_prompts,
-    run_soak,
-)
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import SoakConfig, SoakError, run_soak
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_bench import bench_command, next_num_prompts
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_monitor import DEFAULT_JOURNAL_PATTERNS
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import SoakConfigError
 
 OPTIONS = dict(
     unit=dict(type="str", required=True),

@@ -1,4 +1,4 @@
-"""The soak gate's decisions (module_utils/soak.py) as plain Python: parsing, the monitor's
+"""The soak gate's decisions (module_utils/soak*.py) as plain Python: parsing, the monitor's
 crash and wedge rules, performance against a baseline, the statistics, the verdict, and
 the soak loop itself driven by a fake clock, node and load."""
 
@@ -16,16 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils import soak
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import (
-    JournalLine,
-    Monitor,
-    MonitorConfig,
-    Sample,
-    SoakConfig,
-    SoakConfigError,
-    SoakError,
-)
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import soak, soak_bench, soak_monitor, soak_stats, vllm_progress
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import SoakConfig, SoakError
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_monitor import JournalLine, Monitor, MonitorConfig, Sample
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import SoakConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_METRICS = ROOT / "tests" / "fixtures" / "vllm_standin" / "src" / "vllm" / "metrics.py"
@@ -51,18 +45,18 @@ def standin_metrics_text(running=3, waiting=1, kv=0.42, generated=1234, prompt=5
 
 def test_parses_the_standin_metrics_text():
     text = standin_metrics_text()
-    series = soak.parse_prometheus(text)
+    series = vllm_progress.parse_prometheus(text)
 
-    assert soak.metric_sum(series, "vllm:num_requests_running") == 3
-    assert soak.metric_sum(series, "vllm:num_requests_waiting") == 1
-    assert soak.metric_sum(series, "vllm:kv_cache_usage_perc") == pytest.approx(0.42)
-    assert soak.metric_sum(series, "vllm:generation_tokens_total") == 1234
-    assert soak.metric_sum(series, "vllm:prompt_tokens_total") == 56789
-    assert soak.metric_sum(series, "vllm:request_success_total") == 12
-    assert soak.metric_sum(series, "vllm:request_success_total", finished_reason="length") == 7
+    assert vllm_progress.metric_sum(series, "vllm:num_requests_running") == 3
+    assert vllm_progress.metric_sum(series, "vllm:num_requests_waiting") == 1
+    assert vllm_progress.metric_sum(series, "vllm:kv_cache_usage_perc") == pytest.approx(0.42)
+    assert vllm_progress.metric_sum(series, "vllm:generation_tokens_total") == 1234
+    assert vllm_progress.metric_sum(series, "vllm:prompt_tokens_total") == 56789
+    assert vllm_progress.metric_sum(series, "vllm:request_success_total") == 12
+    assert vllm_progress.metric_sum(series, "vllm:request_success_total", finished_reason="length") == 7
     labels, _ = series["vllm:num_requests_running"][0]
     assert labels == {"model_name": "/models/qwen3.6-35b-a3b-nvfp4", "engine": "0"}
-    assert soak.metric_sum(series, "vllm:request_time_per_output_token_seconds_count") == 1
+    assert vllm_progress.metric_sum(series, "vllm:request_time_per_output_token_seconds_count") == 1
     assert all(name.startswith("vllm:") for name in series)
 
     sample = Sample.from_observations(4.0, metrics_text=text, health=200,
@@ -83,23 +77,23 @@ def test_prometheus_edge_cases():
         "vllm:broken{engine=",
         "vllm:nonumber abc",
     ])
-    series = soak.parse_prometheus(text)
+    series = vllm_progress.parse_prometheus(text)
     assert set(series) == {"vllm:x", "vllm:y_bucket", "vllm:bare"}
     assert series["vllm:x"][0][0]["model_name"] == 'a "quoted" name, with} brace'
-    assert soak.metric_sum(series, "vllm:x") == 2.5  # NaN is skipped, not summed
+    assert vllm_progress.metric_sum(series, "vllm:x") == 2.5  # NaN is skipped, not summed
     assert math.isinf(series["vllm:y_bucket"][0][1])
-    assert soak.metric_sum(series, "vllm:bare") == 7
-    assert soak.metric_sum(series, "vllm:missing") is None
+    assert vllm_progress.metric_sum(series, "vllm:bare") == 7
+    assert vllm_progress.metric_sum(series, "vllm:missing") is None
 
 
 def test_systemctl_show_and_journal_json():
-    assert soak.parse_systemctl_show("NRestarts=2\nMainPID=411\nActiveState=active\nSubState=running\n") == {
+    assert vllm_progress.parse_systemctl_show("NRestarts=2\nMainPID=411\nActiveState=active\nSubState=running\n") == {
         "NRestarts": "2", "MainPID": "411", "ActiveState": "active", "SubState": "running"}
     entries = [
         {"__CURSOR": "s=1;i=1", "__REALTIME_TIMESTAMP": "1700000000123456", "MESSAGE": CUDA_LINE},
         {"__CURSOR": "s=1;i=2", "__REALTIME_TIMESTAMP": "1700000000200000", "MESSAGE": list(b"bytes \xff message")},
     ]
-    lines, cursor = soak.parse_journal_json("\n".join(json.dumps(e) for e in entries) + "\nnot json\n")
+    lines, cursor = soak_monitor.parse_journal_json("\n".join(json.dumps(e) for e in entries) + "\nnot json\n")
     assert cursor == "s=1;i=2"
     assert lines[0] == JournalLine(pytest.approx(1700000000.123456), CUDA_LINE)
     assert lines[1].text.startswith("bytes ") and lines[1].text.endswith(" message")
@@ -302,7 +296,7 @@ BASELINE = {"total_token_throughput": 14000, "output_throughput": 44, "mean_tpot
      ["kv_cache_peak", "mean_tpot_ms"]),
 ])
 def test_performance_against_baseline_with_tolerances(observed, failing):
-    judged = soak.judge_performance(observed, BASELINE, {})
+    judged = soak_stats.judge_performance(observed, BASELINE, {})
     assert sorted(k for k, m in judged["metrics"].items() if not m["passed"]) == failing
     assert judged["passed"] == (not failing)
     assert judged["metrics"]["total_token_throughput"]["limit"] == pytest.approx(13300)
@@ -310,7 +304,7 @@ def test_performance_against_baseline_with_tolerances(observed, failing):
 
 
 def test_tolerances_override_and_unmeasured_metrics_are_not_failures():
-    judged = soak.judge_performance({"total_token_throughput": 13200}, BASELINE, {"total_token_throughput": 0.10})
+    judged = soak_stats.judge_performance({"total_token_throughput": 13200}, BASELINE, {"total_token_throughput": 0.10})
     assert judged["metrics"]["total_token_throughput"]["passed"] is True
     assert judged["unmeasured"] == ["kv_cache_peak", "mean_tpot_ms", "output_throughput"]
     assert judged["passed"] is True
@@ -328,13 +322,13 @@ def test_tolerances_override_and_unmeasured_metrics_are_not_failures():
 ])
 def test_baseline_typos_are_refused(baseline, tolerances, message):
     with pytest.raises(SoakConfigError, match=message):
-        soak.validate_performance_spec(baseline, tolerances)
+        soak_stats.validate_performance_spec(baseline, tolerances)
 
 
 @pytest.mark.parametrize("tolerance", [5, 0.5, 0.75, 0, -0.05, True, "0.05"])
 def test_a_tolerance_outside_the_range_is_refused_with_the_range(tolerance):
     with pytest.raises(SoakConfigError) as refused:
-        soak.validate_performance_spec({"total_token_throughput": 12800}, {"total_token_throughput": tolerance},
+        soak_stats.validate_performance_spec({"total_token_throughput": 12800}, {"total_token_throughput": tolerance},
                                        baseline_name="vllm_fleet_soak_baseline",
                                        tolerances_name="vllm_fleet_soak_tolerances")
     message = str(refused.value)
@@ -346,14 +340,14 @@ def test_a_tolerance_outside_the_range_is_refused_with_the_range(tolerance):
 
 @pytest.mark.parametrize("tolerance", [0.001, 0.05, 0.49])
 def test_a_tolerance_inside_the_range_is_taken(tolerance):
-    soak.validate_performance_spec({"total_token_throughput": 12800, "kv_cache_peak": 0.55},
+    soak_stats.validate_performance_spec({"total_token_throughput": 12800, "kv_cache_peak": 0.55},
                                    {"total_token_throughput": tolerance, "kv_cache_peak": tolerance})
 
 
 def test_tolerance_5_meant_as_5_percent_no_longer_passes_everything():
     """The negative control of the bounds: judged alone, a tolerance of 5 lets a release at
     a tenth of the baseline through; the validation that every entry point runs refuses it."""
-    judged = soak.judge_performance({"total_token_throughput": 1280}, {"total_token_throughput": 12800},
+    judged = soak_stats.judge_performance({"total_token_throughput": 1280}, {"total_token_throughput": 12800},
                                     {"total_token_throughput": 5})
     assert judged["passed"] is True
     with pytest.raises(SoakConfigError, match="0 < tolerance < 0.5"):
@@ -373,9 +367,9 @@ def test_tolerance_5_meant_as_5_percent_no_longer_passes_everything():
                                          "(tolerance 5 points)"),
 ])
 def test_a_failed_metric_reads_in_thousands_and_percent(key, observed, base, tolerance, message):
-    judged = soak.judge_performance({key: observed}, {key: base}, {key: tolerance})
+    judged = soak_stats.judge_performance({key: observed}, {key: base}, {key: tolerance})
     assert judged["metrics"][key]["passed"] is False
-    assert soak.performance_message(key, judged["metrics"][key]) == message
+    assert soak_stats.performance_message(key, judged["metrics"][key]) == message
 
 
 def test_the_shipped_profiles_carry_a_valid_baseline_and_nvfp4_keeps_its_win():
@@ -387,7 +381,7 @@ def test_the_shipped_profiles_carry_a_valid_baseline_and_nvfp4_keeps_its_win():
     assert nvfp4["total_token_throughput"] >= fp8["total_token_throughput"]
     assert nvfp4["kv_cache_peak"] == pytest.approx(fp8["kv_cache_peak"] - 0.12)
     for name, data in profiles.items():
-        soak.validate_performance_spec(data["baseline"], {})
+        soak_stats.validate_performance_spec(data["baseline"], {})
 
 
 def test_bench_runs_aggregate_by_totals_and_worst_percentiles():
@@ -397,28 +391,28 @@ def test_bench_runs_aggregate_by_totals_and_worst_percentiles():
         {"duration": 30, "completed": 5, "failed": 1, "total_input_tokens": 405000, "total_output_tokens": 1280,
          "mean_tpot_ms": 46, "p99_tpot_ms": 70, "median_ttft_ms": 800},
     ]
-    agg = soak.aggregate_bench(runs)
+    agg = soak_bench.aggregate_bench(runs)
     assert agg["total_token_throughput"] == pytest.approx((1215000 + 3840) / 90)
     assert agg["output_throughput"] == pytest.approx(3840 / 90)
     assert agg["mean_tpot_ms"] == pytest.approx(42)
     assert agg["p99_tpot_ms"] == 70 and agg["median_ttft_ms"] == 900
     assert (agg["completed"], agg["failed"], agg["runs"]) == (15, 1, 2)
-    assert soak.aggregate_bench([]) is None
+    assert soak_bench.aggregate_bench([]) is None
 
 
 def test_load_runs_are_sized_to_the_run_length():
-    assert soak.next_num_prompts(concurrency=32, input_len=81000, output_len=256, run_s=60) == 64
+    assert soak_bench.next_num_prompts(concurrency=32, input_len=81000, output_len=256, run_s=60) == 64
     # the reference load: ~12.8k tokens/s / 81k = 0.16 req/s -- never fewer than two waves
-    assert soak.next_num_prompts(concurrency=32, input_len=81000, output_len=256, run_s=60,
+    assert soak_bench.next_num_prompts(concurrency=32, input_len=81000, output_len=256, run_s=60,
                                  baseline={"total_token_throughput": 12800}) == 64
-    assert soak.next_num_prompts(concurrency=4, input_len=200, output_len=50, run_s=60,
+    assert soak_bench.next_num_prompts(concurrency=4, input_len=200, output_len=50, run_s=60,
                                  last_result={"request_throughput": 3.2}) == 192
 
 
 def test_bench_command_has_the_reference_shape_and_no_key():
     cfg = SoakConfig(unit="vllm@gpu0", state_dir="/s", duration_s=60, venv="/opt/vllm-fleet/releases/r1",
                      model="/models/m", api_key="sekrit")
-    cmd = soak.bench_command(cfg, 64, 7, "/s/bench", "run-001.raw.json")
+    cmd = soak_bench.bench_command(cfg, 64, 7, "/s/bench", "run-001.raw.json")
     assert cmd[:3] == ["/opt/vllm-fleet/releases/r1/bin/vllm", "bench", "serve"]
     joined = " ".join(cmd)
     for flag in ("--random-input-len 81000", "--random-output-len 256", "--max-concurrency 32", "--ignore-eos",
@@ -430,39 +424,39 @@ def test_bench_command_has_the_reference_shape_and_no_key():
 # ------------------------------------------------------------------ statistics
 
 def test_zero_crashes_in_an_hour():
-    rate = soak.crash_rate_upper(0, 60)
+    rate = soak_stats.crash_rate_upper(0, 60)
     assert rate == pytest.approx(-math.log(0.05) / 60)
     assert round(rate, 4) == 0.0499 and rate < 0.04993
-    proved = soak.proof(0, 60, 0.95)
+    proved = soak_stats.proof(0, 60, 0.95)
     assert proved["mtbf_lower_hours"] == pytest.approx(60 / 2.995732 / 60)
     assert "below 0.04993/min" in proved["statement"] and "95% confidence" in proved["statement"]
 
 
 def test_target_mtbf_of_8_hours_needs_1438_minutes():
-    assert soak.required_minutes(8) == pytest.approx(2.995732 * 480, rel=1e-6)
-    short = soak.proof(0, 60, 0.95, target_mtbf_hours=8)
+    assert soak_stats.required_minutes(8) == pytest.approx(2.995732 * 480, rel=1e-6)
+    short = soak_stats.proof(0, 60, 0.95, target_mtbf_hours=8)
     assert (short["long_enough"], short["required_minutes"], short["remaining_minutes"]) == (False, 1438, 1378)
     assert "needs 1438 min" in short["target_statement"]
-    enough = soak.proof(0, 1440, 0.95, target_mtbf_hours=8)
+    enough = soak_stats.proof(0, 1440, 0.95, target_mtbf_hours=8)
     assert enough["long_enough"] is True and enough["remaining_minutes"] == 0
-    crashed = soak.proof(1, 5000, 0.95, target_mtbf_hours=8)
+    crashed = soak_stats.proof(1, 5000, 0.95, target_mtbf_hours=8)
     assert crashed["long_enough"] is False
 
 
 @pytest.mark.parametrize("k, expected", [(0, 2.995732), (1, 4.743865), (2, 6.295794), (5, 10.51300), (10, 16.96222)])
 def test_poisson_upper_bound_matches_the_chi_square_table(k, expected):
     # chi2.ppf(0.95, 2k + 2) / 2
-    mu = soak.poisson_upper_mean(k, 0.95)
+    mu = soak_stats.poisson_upper_mean(k, 0.95)
     assert mu == pytest.approx(expected, rel=1e-5)
-    assert soak.poisson_cdf(k, mu) == pytest.approx(0.05, rel=1e-6)
+    assert soak_stats.poisson_cdf(k, mu) == pytest.approx(0.05, rel=1e-6)
 
 
 def test_one_crash_bound():
-    assert soak.crash_rate_upper(1, 60) == pytest.approx(4.743865 / 60, rel=1e-6)
-    assert soak.proof(1, 60)["statement"].startswith("1 crash(es) in 60.0 min")
-    assert soak.crash_rate_upper(0, 0) is None
+    assert soak_stats.crash_rate_upper(1, 60) == pytest.approx(4.743865 / 60, rel=1e-6)
+    assert soak_stats.proof(1, 60)["statement"].startswith("1 crash(es) in 60.0 min")
+    assert soak_stats.crash_rate_upper(0, 0) is None
     with pytest.raises(SoakConfigError):
-        soak.poisson_upper_mean(0, 1.5)
+        soak_stats.poisson_upper_mean(0, 1.5)
 
 
 # ------------------------------------------------------------------ verdict
@@ -807,7 +801,7 @@ def wait_poll(load, timeout=10):
 def test_bench_load_runs_saves_summaries_and_keeps_the_key_out_of_argv(tmp_path, fake_venv):
     cfg = SoakConfig(unit="u", state_dir=str(tmp_path / "s"), duration_s=10, venv=str(fake_venv), concurrency=4,
                      input_len=100, output_len=10, run_s=10, api_key="sekrit")
-    load = soak.BenchLoad(cfg, cfg.state_dir)
+    load = soak_bench.BenchLoad(cfg, cfg.state_dir)
     load.start()
     first = wait_poll(load)
     assert first["completed"] == 8  # two waves of 4
@@ -823,7 +817,7 @@ def test_bench_load_runs_saves_summaries_and_keeps_the_key_out_of_argv(tmp_path,
 def test_bench_load_failures_and_stop(tmp_path, fake_venv, monkeypatch):
     cfg = SoakConfig(unit="u", state_dir=str(tmp_path / "s"), duration_s=10, venv=str(fake_venv))
     monkeypatch.setenv("FAKE_BENCH_FAIL", "1")
-    load = soak.BenchLoad(cfg, cfg.state_dir)
+    load = soak_bench.BenchLoad(cfg, cfg.state_dir)
     load.start()
     assert wait_poll(load) is None
     assert load.consecutive_errors == 1 and "Initial test run failed" in load.errors[0]
@@ -833,7 +827,7 @@ def test_bench_load_failures_and_stop(tmp_path, fake_venv, monkeypatch):
     assert load.running
     load.stop()
     assert not load.running
-    missing = soak.BenchLoad(SoakConfig(unit="u", state_dir=str(tmp_path / "m"), duration_s=1,
+    missing = soak_bench.BenchLoad(SoakConfig(unit="u", state_dir=str(tmp_path / "m"), duration_s=1,
                                         venv=str(tmp_path / "nope")), str(tmp_path / "m"))
     missing.start()
     assert "cannot start" in missing.errors[0] and not missing.running

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils import soak, vllm_progress
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import soak_monitor, vllm_progress
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import EngineMetrics
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.watchdog import (
     STATE_FILE,
@@ -164,8 +164,8 @@ def test_missing_request_gauges_are_metrics_incomplete_never_idle_or_busy():
         "wedged engine cannot be told from an idle one: cannot judge progress of vllm@gpu0.service")
     assert len(events_lines) == 1
     # The soak says it in the same words.
-    monitor = soak.Monitor(soak.MonitorConfig(wedge_window_s=4))
-    [event] = monitor.observe(soak.Sample.from_observations(0.0, health=200, metrics_text=text))
+    monitor = soak_monitor.Monitor(soak_monitor.MonitorConfig(wedge_window_s=4))
+    [event] = monitor.observe(soak_monitor.Sample.from_observations(0.0, health=200, metrics_text=text))
     assert line["message"].startswith(event["evidence"])
 
 
@@ -454,10 +454,8 @@ def test_config_errors_say_what_to_change(tmp_path, overrides, instance, fragmen
 # --------------------------------------------------------------------------- one notion of progress
 
 def test_the_soak_and_the_watchdog_share_one_notion_of_progress():
-    assert soak.parse_prometheus is vllm_progress.parse_prometheus
-    assert soak.metric_sum is vllm_progress.metric_sum
     text = metrics_text(running=2, waiting=1, gen=10.0, prompt=99.0, kv=0.25, success=3.0, preempt=1.0)
-    sample = soak.Sample.from_observations(0.0, health=200, metrics_text=text)
+    sample = soak_monitor.Sample.from_observations(0.0, health=200, metrics_text=text)
     engine = EngineMetrics.from_text(text)
     assert sample.progress_marker == engine.progress_marker == (10.0, 3.0)
     assert sample.in_flight == engine.in_flight == 3
@@ -481,7 +479,7 @@ def test_one_aggregation_rule_per_metric_across_engines():
     assert (engine.generation_tokens, engine.prompt_tokens, engine.preemptions) == (200, 1800, 2)  # counters too
     assert engine.kv_usage == 0.43  # the fullest engine, not 0.86
     assert (engine.success_total, engine.finished) == (22, 8)  # aborted requests are not finished work
-    sample = soak.Sample.from_observations(0.0, health=200, metrics_text=two_engines((0.2, 0.6)))
+    sample = soak_monitor.Sample.from_observations(0.0, health=200, metrics_text=two_engines((0.2, 0.6)))
     assert sample.kv_usage == 0.6 and sample.in_flight == 6
     assert vllm_progress.aggregate(vllm_progress.parse_prometheus(two_engines()), "vllm:kv_cache_usage_perc") == 0.43
 
