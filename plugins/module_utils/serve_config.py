@@ -145,7 +145,8 @@ def _label(key: Any) -> str:
 
 # --- the schema ----------------------------------------------------------------------------
 
-def _number(where: str, key: str, value: Any) -> float | None:
+def _schema_bound(where: str, key: str, value: Any) -> float | None:
+    """A flag's min or max as the schema gives it: a number, or None where unbounded."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -188,7 +189,7 @@ def _flag(name: Any, raw: Any) -> Flag:
     if not isinstance(helptext, str):
         raise SchemaError(f"{where}: help is a string")
     return Flag(name=name, type=kind, help=helptext, negatable=negatable, choices=tuple(choices),
-                min=_number(where, "min", raw.get("min")), max=_number(where, "max", raw.get("max")),
+                min=_schema_bound(where, "min", raw.get("min")), max=_schema_bound(where, "max", raw.get("max")),
                 min_exclusive=raw.get("min_exclusive", False), max_exclusive=raw.get("max_exclusive", False),
                 elements=elements, reserved=reserved)
 
@@ -227,7 +228,7 @@ def _show(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (str, bool, int, float, type(None))) else repr(value)
 
 
-def _num(number: float) -> str:
+def _show_number(number: float) -> str:
     return str(number) if isinstance(number, int) else f"{number:g}"
 
 
@@ -238,10 +239,10 @@ def _range(flag: Flag, number: float) -> str | None:
         return None
     bounds = []
     if flag.min is not None:
-        bounds.append(f"{'>' if flag.min_exclusive else '>='} {_num(flag.min)}")
+        bounds.append(f"{'>' if flag.min_exclusive else '>='} {_show_number(flag.min)}")
     if flag.max is not None:
-        bounds.append(f"{'<' if flag.max_exclusive else '<='} {_num(flag.max)}")
-    return f"{_num(number)} is out of range: it must be {' and '.join(bounds)}"
+        bounds.append(f"{'<' if flag.max_exclusive else '<='} {_show_number(flag.max)}")
+    return f"{_show_number(number)} is out of range: it must be {' and '.join(bounds)}"
 
 
 def size_value(value: Any) -> int | None:
