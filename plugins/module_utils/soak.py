@@ -64,11 +64,8 @@ VERDICT_FILE = "verdict.json"
 
 # --------------------------------------------------------------------------- verdict
 
-def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_duration_s: float,
-            bench_results: list[dict], baseline: dict | None = None, tolerances: dict | None = None,
-            target_mtbf_hours: float | None = None, confidence: float = 0.95, load_error: str | None = None,
-            stopped: str = "completed", shape: dict | None = None, extra: dict | None = None) -> dict:
-    """The soak's verdict: passed, one sentence per reason, performance, and what it proved."""
+def failure_reasons(monitor: Monitor, *, elapsed_s: float, stopped: str, load_error: str | None) -> list[str]:
+    """Why the soak failed, before performance is looked at: one sentence per reason."""
     reasons: list[str] = []
     for crash in monitor.crashes:
         reasons.append(f"The engine crashed {crash['elapsed_s']:.1f} s into the soak ({crash['kind']}): "
@@ -87,9 +84,11 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
         reasons.append(f"The soak was interrupted after {elapsed_s:.0f} s before reaching a verdict.")
     if load_error and not broke:
         reasons.append(f"The load could not run: {load_error}")
+    return reasons
 
-    agg = aggregate_bench(bench_results)
-    server_tps = monitor.server_tokens_per_s()
+
+def observed_performance(monitor: Monitor, agg: dict | None, server_tps: float | None) -> tuple[dict, str | None]:
+    """The figures to judge and where they came from: the load runs, else the server's own counters."""
     observed: dict = {}
     source = None
     if agg:
@@ -100,25 +99,22 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
         observed["total_token_throughput"] = server_tps
     if monitor.kv_peak is not None:
         observed["kv_cache_peak"] = monitor.kv_peak
-    performance = judge_performance(observed, baseline, tolerances)
-    performance["source"] = source
-    if not reasons:
-        for key, m in performance["metrics"].items():
-            if m["passed"] is False:
-                reasons.append(performance_message(key, m) + ".")
-        if elapsed_s < min_duration_s:
-            reasons.append(f"The soak ran {elapsed_s:.0f} s, less than the minimum of {min_duration_s:.0f} s.")
-        if monitor.samples and monitor.max_in_flight == 0 and monitor.generated_tokens <= 0:
-            reasons.append("The server saw no request during the soak: the load never reached it "
-                           "(check base_url, model and the load generator's log under bench/).")
-    passed = not reasons
-    # Why it failed, in one word where there is one (crash, wedge, ...), else its first reason.
-    failure = None if passed else (monitor.stop_reason or (stopped if stopped != "completed" else None)
-                                   or reasons[0].rstrip("."))
-    proved = proof(len(monitor.crashes), elapsed_s / 60, confidence, target_mtbf_hours, failure=failure)
-    throughput = {"gate_used": source and ("bench_totals" if source == "bench" else "server_metrics"),
-                  "recomputed": observed.get("total_token_throughput"),
-                  "reported": (agg or {}).get("reported_total_token_throughput")}
+    return observed, source
+
+
+def performance_reasons(monitor: Monitor, performance: dict, *, elapsed_s: float, min_duration_s: float) -> list[str]:
+    """Why a soak that did not break still fails: a metric out of tolerance, too short, no load."""
+    reasons = [performance_message(key, m) + "." for key, m in performance["metrics"].items() if m["passed"] is False]
+    if elapsed_s < min_duration_s:
+        reasons.append(f"The soak ran {elapsed_s:.0f} s, less than the minimum of {min_duration_s:.0f} s.")
+    if monitor.samples and monitor.max_in_flight == 0 and monitor.generated_tokens <= 0:
+        reasons.append("The server saw no request during the soak: the load never reached it "
+                       "(check base_url, model and the load generator's log under bench/).")
+    return reasons
+
+
+def verdict_notes(proved: dict, performance: dict, throughput: dict, *, baseline: dict | None) -> list[str]:
+    """What the verdict cannot say on its own: what was not proved, judged or measured, and how."""
     notes = []
     if proved.get("not_proved"):
         notes.append(proved["not_proved"])
@@ -128,14 +124,39 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
         notes.append(f"Not measured, so not judged: {', '.join(performance['unmeasured'])}.")
     if not baseline:
         notes.append("No baseline given: performance was recorded, not judged.")
-    if source == "metrics":
+    if performance["source"] == "metrics":
         notes.append("No load run finished within the soak: throughput is the server's own count from /metrics.")
-    elif source == "bench":
+    elif performance["source"] == "bench":
         reported = throughput["reported"]
         notes.append(f"The gate judged throughput recomputed from the load runs' token totals over their duration "
                      f"({format_number(throughput['recomputed'])} tokens/s); the bench reported "
                      + (f"{format_number(reported)} tokens/s." if reported is not None
                         else "no total_token_throughput."))
+    return notes
+
+
+def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_duration_s: float,
+            bench_results: list[dict], baseline: dict | None = None, tolerances: dict | None = None,
+            target_mtbf_hours: float | None = None, confidence: float = 0.95, load_error: str | None = None,
+            stopped: str = "completed", shape: dict | None = None, extra: dict | None = None) -> dict:
+    """The soak's verdict: passed, one sentence per reason, performance, and what it proved."""
+    reasons = failure_reasons(monitor, elapsed_s=elapsed_s, stopped=stopped, load_error=load_error)
+    agg = aggregate_bench(bench_results)
+    server_tps = monitor.server_tokens_per_s()
+    observed, source = observed_performance(monitor, agg, server_tps)
+    performance = judge_performance(observed, baseline, tolerances)
+    performance["source"] = source
+    if not reasons:
+        reasons = performance_reasons(monitor, performance, elapsed_s=elapsed_s, min_duration_s=min_duration_s)
+    passed = not reasons
+    # Why it failed, in one word where there is one (crash, wedge, ...), else its first reason.
+    failure = None if passed else (monitor.stop_reason or (stopped if stopped != "completed" else None)
+                                   or reasons[0].rstrip("."))
+    proved = proof(len(monitor.crashes), elapsed_s / 60, confidence, target_mtbf_hours, failure=failure)
+    throughput = {"gate_used": source and ("bench_totals" if source == "bench" else "server_metrics"),
+                  "recomputed": observed.get("total_token_throughput"),
+                  "reported": (agg or {}).get("reported_total_token_throughput")}
+    notes = verdict_notes(proved, performance, throughput, baseline=baseline)
     summary = (f"Soak passed: {proved['statement']}" if passed
                else f"Soak failed after {elapsed_s:.1f} s: {reasons[0]}")
     out = {
@@ -352,11 +373,23 @@ class NodeProbe:
 
 
 class ProgressWriter:
-    def __init__(self, state_dir: str):
+    """``progress.jsonl``: one line per phase change and per sample, for ``soak_status``."""
+
+    def __init__(self, state_dir: str, duration_s: float, wall=time.time):
         self.path = os.path.join(state_dir, PROGRESS_FILE)
         self._handle = open(self.path, "a", encoding="utf-8")
+        self._duration_s = duration_s
+        self._wall = wall
+        self._pid = os.getpid()
 
-    def write(self, line: dict) -> None:
+    def write(self, phase: str, elapsed: float, monitor: Monitor | None = None, load: BenchLoad | None = None,
+              extra: dict | None = None) -> None:
+        line = {"t": round(self._wall(), 3), "pid": self._pid, "phase": phase, "duration_s": self._duration_s}
+        if monitor:
+            line.update(monitor.progress())
+            line["bench_runs"] = len(load.results)
+        line["elapsed_s"] = round(elapsed, 1)
+        line.update(extra or {})
         self._handle.write(json.dumps(line, separators=(",", ":")) + "\n")
         self._handle.flush()
 
@@ -384,6 +417,100 @@ def prepare_state_dir(state_dir: str) -> None:
     os.makedirs(state_dir, mode=0o750, exist_ok=True)
 
 
+def check_can_start(cfg: SoakConfig, probe: NodeProbe, load: BenchLoad | None) -> None:
+    """The unit exists and, unless a load is given, the release venv can run the bench."""
+    state = probe.systemd()
+    if state.get("LoadState") != "loaded":
+        raise SoakError(f"unit {cfg.unit} is not loaded (LoadState={state.get('LoadState') or 'unknown'}): "
+                        "install and start the serving unit (vllm_service role) before the soak")
+    if load is None and not os.access(cfg.vllm_bin or "", os.X_OK):
+        raise SoakError(f"{cfg.vllm_bin} is not an executable: venv must be the release venv that has vllm "
+                        "installed (the load is its `vllm bench serve`)")
+
+
+def wait_ready(cfg: SoakConfig, probe: NodeProbe, progress: ProgressWriter, *, clock, sleep, should_stop) -> None:
+    """Until ``/health`` is 200 and the unit active, or ``ready_timeout_s`` (then SoakError)."""
+    ready_start = clock()
+    while True:
+        health, _, error = probe.http_get("/health")
+        state = probe.systemd()
+        if health == 200 and state.get("ActiveState") == "active":
+            return
+        waited = clock() - ready_start
+        if waited >= cfg.ready_timeout_s or should_stop():
+            raise SoakError(f"{cfg.unit} was not ready after {waited:.0f} s (/health: {health or error}, "
+                            f"ActiveState {state.get('ActiveState')}): read `journalctl -u {cfg.unit}`, and "
+                            "wait for readiness before soaking or raise ready_timeout_s")
+        progress.write("waiting_ready", 0.0, extra={"health": health or error})
+        sleep(min(1.0, cfg.sample_interval_s))
+
+
+def soak_loop(cfg: SoakConfig, probe: NodeProbe, load: BenchLoad, monitor: Monitor, progress: ProgressWriter,
+              start: float, *, clock, sleep, should_stop) -> tuple[str, str | None, float]:
+    """Sample and keep the load running until a failure, a stop or ``duration_s``:
+    (how it stopped, the load's error, seconds elapsed)."""
+    tick = start
+    while True:
+        elapsed = clock() - start
+        monitor.observe(probe.sample(elapsed))
+        finished = load.poll()
+        load_error = None
+        if finished is not None:
+            monitor.add_bench(finished, elapsed)
+        elif not load.running and load.consecutive_errors >= 2:
+            load_error = load.errors[-1]  # twice in a row: not a fluke
+        progress.write("soak", elapsed, monitor, load)
+        if monitor.failed:
+            return monitor.stop_reason, load_error, elapsed
+        if load_error:
+            return "load_error", load_error, elapsed
+        if should_stop():
+            return "interrupted", None, elapsed
+        if elapsed >= cfg.duration_s:
+            return "completed", None, elapsed
+        if not load.running:
+            load.start()
+        tick += cfg.sample_interval_s
+        now = clock()
+        if tick < now:  # a slow tick: do not burst to catch up
+            tick = now
+        sleep(max(0.0, min(tick, start + cfg.duration_s) - now))
+
+
+def await_crash_evidence(cfg: SoakConfig, probe: NodeProbe, monitor: Monitor, *, clock, sleep, wall) -> None:
+    """The signal that stopped the soak (a 503) can come a moment before the CUDA line
+    reaches the journal: give the evidence a short grace to arrive."""
+    grace_end = clock() + cfg.evidence_grace_s
+    while not monitor.crash_has_journal_evidence() and clock() < grace_end:
+        sleep(0.25)
+        monitor.add_journal(probe.journal(), wall())
+    sleep(0.25)  # and the lines logged right after it (EngineDeadError follows the CUDA error)
+    monitor.add_journal(probe.journal(), wall())
+
+
+def run_record(cfg: SoakConfig, probe: NodeProbe, monitor: Monitor, load: BenchLoad, *, elapsed: float,
+               cpu_self: float, started: float, finished: float) -> dict:
+    """What the verdict records of the run itself: the instance, the times, the monitor's cost."""
+    return {
+        "unit": cfg.unit,
+        "base_url": cfg.base_url,
+        "venv": cfg.venv,
+        "model": cfg.model,
+        "started_at": utc_iso(started),
+        "finished_at": utc_iso(finished),
+        "monitor": {
+            "samples": monitor.samples,
+            "sample_interval_s": cfg.sample_interval_s,
+            "wedge_window_s": cfg.wedge_window_s,
+            "journal_patterns": list(cfg.journal_patterns),
+            "cpu_self_s": round(cpu_self, 3),
+            "cpu_probes_s": round(probe.cpu_children_s, 3),
+            "cpu_percent_of_one_core": round(100 * (cpu_self + probe.cpu_children_s) / max(elapsed, 1e-9), 2),
+        },
+        "load_errors": load.errors[-3:],
+    }
+
+
 def run_soak(cfg: SoakConfig, *, probe: NodeProbe | None = None, load: BenchLoad | None = None,
              clock=time.monotonic, sleep=time.sleep, wall=time.time, should_stop=lambda: False) -> dict:
     """Soak one instance and return the verdict (also written to ``state_dir/verdict.json``).
@@ -396,111 +523,29 @@ def run_soak(cfg: SoakConfig, *, probe: NodeProbe | None = None, load: BenchLoad
     prepare_state_dir(cfg.state_dir)
     probe = probe or NodeProbe(cfg)
     cpu0 = time.process_time()
-    progress = ProgressWriter(cfg.state_dir)
-    pid = os.getpid()
-
-    def write_progress(phase, elapsed, monitor=None, extra=None):
-        data = {"t": round(wall(), 3), "pid": pid, "phase": phase, "duration_s": cfg.duration_s}
-        if monitor:
-            data.update(monitor.progress())
-            data["bench_runs"] = len(load.results)
-        data["elapsed_s"] = round(elapsed, 1)
-        data.update(extra or {})
-        progress.write(data)
-
+    progress = ProgressWriter(cfg.state_dir, cfg.duration_s, wall)
     try:
-        state = probe.systemd()
-        if state.get("LoadState") != "loaded":
-            raise SoakError(f"unit {cfg.unit} is not loaded (LoadState={state.get('LoadState') or 'unknown'}): "
-                            "install and start the serving unit (vllm_service role) before the soak")
-        if load is None and not os.access(cfg.vllm_bin or "", os.X_OK):
-            raise SoakError(f"{cfg.vllm_bin} is not an executable: venv must be the release venv that has vllm "
-                            "installed (the load is its `vllm bench serve`)")
-        ready_start = clock()
-        while True:
-            health, _, error = probe.http_get("/health")
-            state = probe.systemd()
-            if health == 200 and state.get("ActiveState") == "active":
-                break
-            waited = clock() - ready_start
-            if waited >= cfg.ready_timeout_s or should_stop():
-                raise SoakError(f"{cfg.unit} was not ready after {waited:.0f} s (/health: {health or error}, "
-                                f"ActiveState {state.get('ActiveState')}): read `journalctl -u {cfg.unit}`, and "
-                                "wait for readiness before soaking or raise ready_timeout_s")
-            write_progress("waiting_ready", 0.0, extra={"health": health or error})
-            sleep(min(1.0, cfg.sample_interval_s))
-
+        check_can_start(cfg, probe, load)
+        wait_ready(cfg, probe, progress, clock=clock, sleep=sleep, should_stop=should_stop)
         load = load or BenchLoad(cfg, cfg.state_dir)
         monitor = Monitor(cfg.monitor_config())
         start, start_wall = clock(), wall()
         probe.start_journal(start_wall)
         load.start()
-        stopped, load_error, elapsed = "completed", None, 0.0
-        tick = start
-        while True:
-            elapsed = clock() - start
-            monitor.observe(probe.sample(elapsed))
-            finished = load.poll()
-            if finished is not None:
-                monitor.add_bench(finished, elapsed)
-            elif not load.running and load.consecutive_errors >= 2:
-                load_error = load.errors[-1]  # twice in a row: not a fluke
-            write_progress("soak", elapsed, monitor)
-            if monitor.failed:
-                stopped = monitor.stop_reason
-                break
-            if load_error:
-                stopped = "load_error"
-                break
-            if should_stop():
-                stopped = "interrupted"
-                break
-            if elapsed >= cfg.duration_s:
-                break
-            if not load.running:
-                load.start()
-            tick += cfg.sample_interval_s
-            now = clock()
-            if tick < now:  # a slow tick: do not burst to catch up
-                tick = now
-            sleep(max(0.0, min(tick, start + cfg.duration_s) - now))
+        stopped, load_error, elapsed = soak_loop(cfg, probe, load, monitor, progress, start, clock=clock,
+                                                 sleep=sleep, should_stop=should_stop)
         load.stop()
-        # The signal that stopped the soak (a 503) can come a moment before the CUDA line
-        # reaches the journal: give the evidence a short grace to arrive.
         if monitor.crashes:
-            grace_end = clock() + cfg.evidence_grace_s
-            while not monitor.crash_has_journal_evidence() and clock() < grace_end:
-                sleep(0.25)
-                monitor.add_journal(probe.journal(), wall())
-            sleep(0.25)  # and the lines logged right after it (EngineDeadError follows the CUDA error)
-            monitor.add_journal(probe.journal(), wall())
-        cpu_self = time.process_time() - cpu0
+            await_crash_evidence(cfg, probe, monitor, clock=clock, sleep=sleep, wall=wall)
+        record = run_record(cfg, probe, monitor, load, elapsed=elapsed, cpu_self=time.process_time() - cpu0,
+                            started=start_wall, finished=wall())
         result = verdict(
             monitor, elapsed_s=elapsed, duration_s=cfg.duration_s, min_duration_s=cfg.min_duration_s,
             bench_results=load.results, baseline=cfg.baseline, tolerances=cfg.tolerances,
             target_mtbf_hours=cfg.target_mtbf_hours, confidence=cfg.confidence, load_error=load_error,
-            stopped=stopped, shape=cfg.shape,
-            extra={
-                "unit": cfg.unit,
-                "base_url": cfg.base_url,
-                "venv": cfg.venv,
-                "model": cfg.model,
-                "started_at": utc_iso(start_wall),
-                "finished_at": utc_iso(wall()),
-                "monitor": {
-                    "samples": monitor.samples,
-                    "sample_interval_s": cfg.sample_interval_s,
-                    "wedge_window_s": cfg.wedge_window_s,
-                    "journal_patterns": list(cfg.journal_patterns),
-                    "cpu_self_s": round(cpu_self, 3),
-                    "cpu_probes_s": round(probe.cpu_children_s, 3),
-                    "cpu_percent_of_one_core": round(100 * (cpu_self + probe.cpu_children_s) / max(elapsed, 1e-9),
-                                                     2),
-                },
-                "load_errors": load.errors[-3:],
-            })
+            stopped=stopped, shape=cfg.shape, extra=record)
         write_json_atomic(os.path.join(cfg.state_dir, VERDICT_FILE), result)
-        write_progress("done", elapsed, monitor, {"passed": result["passed"]})
+        progress.write("done", elapsed, monitor, load, {"passed": result["passed"]})
         return result
     except BaseException:
         if load is not None:
