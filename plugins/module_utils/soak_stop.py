@@ -90,7 +90,10 @@ def stop(found: dict, timeout: float = 10.0, now=time.time, sleep=time.sleep) ->
             os.killpg(group, signal.SIGKILL)
         else:
             os.kill(pid, signal.SIGKILL)
-    write_json_atomic(os.path.join(found["state_dir"], VERDICT_FILE), {
-        "passed": False, "stopped": True, "reasons": [STOPPED_REASON],
-        "summary": "%s after %s s: %s" % (killed, found.get("elapsed_s"), STOPPED_REASON)})
+    # A soak that caught the signal may have written its own verdict (stopped: interrupted).
+    verdict = os.path.join(found["state_dir"], VERDICT_FILE)
+    if not os.path.exists(verdict):
+        write_json_atomic(verdict, {
+            "passed": False, "stopped": "interrupted", "reasons": [STOPPED_REASON],
+            "summary": "%s after %s s: %s" % (killed, found.get("elapsed_s"), STOPPED_REASON)})
     return {**found, "signal": killed}

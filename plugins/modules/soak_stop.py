@@ -14,8 +14,8 @@ description:
     drained node. This finds every soak run directory under O(path) without a verdict whose
     writer (the pid in its last progress line) still runs the soak, stops its process group
     (Ansible's async wrapper, the soak and its C(vllm bench serve)) with SIGTERM, then SIGKILL
-    after O(timeout), and writes its C(verdict.json) (V(passed=false), V(stopped=true)) so the
-    evidence stays readable.
+    after O(timeout), and, unless the soak wrote one as it stopped, writes its C(verdict.json)
+    (V(passed=false), V(stopped=interrupted)) so the evidence stays readable.
   - A soak whose writer is gone, or that wrote its verdict, is left as it is.
 options:
   path:

@@ -87,7 +87,7 @@ def test_a_rollout_interrupted_during_the_soak_is_finished_by_the_next_run(fleet
     assert "node01 was left by an interrupted rollout" in output and os.path.basename(left["dir"]) in output
     assert not alive(fleet, left["pid"])
     stopped = json.loads(node_exec(fleet, "node01", f"cat {left['dir']}/verdict.json"))
-    assert stopped["stopped"] is True and stopped["passed"] is False
+    assert stopped["stopped"] == "interrupted" and stopped["passed"] is False
     assert report(fleet, "node01")["status"] == "upgraded"
     assert_serves(fleet, "node01", FIXED_ID, target["name"])
     assert state(fleet, "node02") == node02_before

@@ -201,8 +201,9 @@ def test_a_stable_release_passes_with_progress_and_statistics(soak_node, record_
     watcher.start()
     run, state_dir, _, _ = soak_node.soak(
         "good", "pass", duration_s=20, min_duration_s=15, target_mtbf_hours=8,
-        baseline={"total_token_throughput": 1500, "mean_tpot_ms": 25, "kv_cache_peak": 0.40},
-        tolerances={"total_token_throughput": 0.5, "mean_tpot_ms": 0.5, "kv_cache_peak": 0.2})
+        # Tolerances below 0.5 (the soak refuses anything else): the same floors as before.
+        baseline={"total_token_throughput": 1360, "mean_tpot_ms": 26, "kv_cache_peak": 0.40},
+        tolerances={"total_token_throughput": 0.45, "mean_tpot_ms": 0.45, "kv_cache_peak": 0.2})
     watcher.join(30)
 
     assert run.rc == 0, run.output[-4000:]

@@ -51,7 +51,7 @@ def test_a_leftover_soak_is_stopped_with_its_group_and_gets_a_verdict(tmp_path):
         assert stopped["signal"] == "SIGTERM"
         assert not group_alive(proc.pid), "the soak's child (its bench) still runs"
         verdict = json.loads((state_dir / "verdict.json").read_text())
-        assert verdict["passed"] is False and verdict["stopped"] is True
+        assert verdict["passed"] is False and verdict["stopped"] == "interrupted"
         assert verdict["reasons"] == [soak_stop.STOPPED_REASON]
         assert soak_stop.orphans(str(tmp_path)) == []  # it has a verdict now
     finally:
