@@ -113,7 +113,7 @@ def test_a_host_that_cannot_be_reached_exits_5(fleet, tmp_path):
     assert summary["hosts"]["sm120"]["status"] == "ok"
     ghost = summary["hosts"]["ghost"]
     assert ghost["status"] == "unreachable"
-    assert ghost["failed_task"] == "preflight : Gather GPU facts through NVML"
+    assert ghost["failed_task"] == "preflight : Read the node's GPU and what it serves"
     assert ghost["message"]
     assert junit_counts(junit) == (2, 0, 1)
     assert junit_case(junit, "ghost").find("error").get("type") == "unreachable"
