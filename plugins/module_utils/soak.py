@@ -208,7 +208,8 @@ def read_last_json_line(path: str, max_bytes: int = 65536) -> dict | None:
     return None
 
 
-def _pid_alive(pid) -> bool | None:
+def pid_alive(pid) -> bool | None:
+    """Whether a process with this pid exists (None: not a pid)."""
     if not isinstance(pid, int) or pid <= 0:
         return None
     try:
@@ -233,7 +234,7 @@ def read_status(state_dir: str, now: float | None = None) -> dict:
                                                        "phase", "running", "waiting", "kv_usage", "kv_peak",
                                                        "health", "bench_runs", "duration_s")}
         result["age_s"] = round(now - last["t"], 1) if isinstance(last.get("t"), (int, float)) else None
-        result["running"] = _pid_alive(last.get("pid"))
+        result["running"] = pid_alive(last.get("pid"))
     if os.path.exists(verdict_path):
         with open(verdict_path, encoding="utf-8") as handle:
             result["verdict"] = json.load(handle)

@@ -18,6 +18,7 @@ import time
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import (
     PROGRESS_FILE,
     VERDICT_FILE,
+    pid_alive,
     read_last_json_line,
     write_json_atomic,
 )
@@ -53,13 +54,9 @@ def orphans(root: str) -> list[dict]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """The process exists and is not a zombie (a zombie is gone for our purpose)."""
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
-    # A zombie is gone for our purpose.
     try:
         with open("/proc/%d/stat" % pid, encoding="ascii", errors="replace") as handle:
             return handle.read().rsplit(")", 1)[-1].split()[0] != "Z"
