@@ -24,12 +24,13 @@ class ConfigFilesError(ValueError):
 
 @dataclass(frozen=True)
 class Attrs:
-    owner: str
-    group: str
+    uid: int
+    gid: int
     mode: int
 
 
 def _attrs(entry: dict, what: str) -> Attrs:
+    """The entry's owner, group and mode, checked and resolved once, before any write."""
     mode = str(entry.get("mode") or "")
     # Four digits with the leading 0: an unquoted YAML 0640 arrives as 416, a valid-looking wrong mode.
     if not (len(mode) == 4 and mode[0] == "0" and all(c in "01234567" for c in mode)):
@@ -37,23 +38,19 @@ def _attrs(entry: dict, what: str) -> Attrs:
     for key in ("owner", "group"):
         if not entry.get(key):
             raise ConfigFilesError(f"{what}: {key} is required")
-    return Attrs(entry["owner"], entry["group"], int(mode, 8))
-
-
-def _ids(attrs: Attrs, what: str) -> tuple[int, int]:
     try:
-        uid = pwd.getpwnam(attrs.owner).pw_uid
+        uid = pwd.getpwnam(entry["owner"]).pw_uid
     except KeyError:
-        raise ConfigFilesError(f"{what}: owner {attrs.owner!r} is not a user on this node") from None
+        raise ConfigFilesError(f"{what}: owner {entry['owner']!r} is not a user on this node") from None
     try:
-        gid = grp.getgrnam(attrs.group).gr_gid
+        gid = grp.getgrnam(entry["group"]).gr_gid
     except KeyError:
-        raise ConfigFilesError(f"{what}: group {attrs.group!r} is not a group on this node") from None
-    return uid, gid
+        raise ConfigFilesError(f"{what}: group {entry['group']!r} is not a group on this node") from None
+    return Attrs(uid, gid, int(mode, 8))
 
 
-def _set_attrs(path: str, attrs: Attrs, what: str, check: bool) -> bool:
-    uid, gid = _ids(attrs, what)
+def _set_attrs(path: str, attrs: Attrs, check: bool) -> bool:
+    uid, gid = attrs.uid, attrs.gid
     st = os.lstat(path)
     changed = False
     if (st.st_uid, st.st_gid) != (uid, gid):
@@ -75,12 +72,11 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-def _write_atomic(path: str, data: bytes, attrs: Attrs, what: str) -> None:
-    uid, gid = _ids(attrs, what)
+def _write_atomic(path: str, data: bytes, attrs: Attrs) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".vllm-fleet-", dir=os.path.dirname(path))
     try:
         # Owner and mode before the content: a secret is never readable by others, not even briefly.
-        os.fchown(fd, uid, gid)
+        os.fchown(fd, attrs.uid, attrs.gid)
         os.fchmod(fd, attrs.mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -114,27 +110,21 @@ def apply(directories: list[dict] | None = None, files: list[dict] | None = None
     planned_dirs = [(d["path"], _attrs(d, f"directory {d.get('path')}")) for d in directories]
     planned_files = [(f["path"], _attrs(f, f"file {f.get('path')}"), _content(f, f"file {f.get('path')}"))
                      for f in files]
-    for path, attrs in planned_dirs:
-        _ids(attrs, f"directory {path}")
-    for path, attrs, _ in planned_files:
-        _ids(attrs, f"file {path}")
     changed: list[str] = []
     for path, attrs in planned_dirs:
-        what = f"directory {path}"
         if not os.path.isdir(path):
             changed.append(path)
             if not check:
                 os.makedirs(path, exist_ok=True)
-                _set_attrs(path, attrs, what, check)
-        elif _set_attrs(path, attrs, what, check):
+                _set_attrs(path, attrs, check)
+        elif _set_attrs(path, attrs, check):
             changed.append(path)
     for path, attrs, data in planned_files:
-        what = f"file {path}"
         if _read(path) != data:
             changed.append(path)
             if not check:
-                _write_atomic(path, data, attrs, what)
-        elif _set_attrs(path, attrs, what, check):
+                _write_atomic(path, data, attrs)
+        elif _set_attrs(path, attrs, check):
             changed.append(path)
     for path in absent:
         if os.path.lexists(path):
