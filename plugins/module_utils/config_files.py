@@ -24,12 +24,23 @@ class ConfigFilesError(ValueError):
 
 @dataclass(frozen=True)
 class Attrs:
-    uid: int
-    gid: int
+    uid: int | None  # None only in check mode: a user an earlier task would create
+    gid: int | None
     mode: int
 
 
-def _attrs(entry: dict, what: str) -> Attrs:
+def _lookup(table, name: str, check: bool) -> int | None:
+    try:
+        return table(name)
+    except KeyError:
+        # In check mode the role's user/group task reports "would create" without creating:
+        # the file would then be written, so that is a change, not an error.
+        if check:
+            return None
+        raise
+
+
+def _attrs(entry: dict, what: str, check: bool = False) -> Attrs:
     """The entry's owner, group and mode, checked and resolved once, before any write."""
     mode = str(entry.get("mode") or "")
     # Four digits with the leading 0: an unquoted YAML 0640 arrives as 416, a valid-looking wrong mode.
@@ -39,11 +50,11 @@ def _attrs(entry: dict, what: str) -> Attrs:
         if not entry.get(key):
             raise ConfigFilesError(f"{what}: {key} is required")
     try:
-        uid = pwd.getpwnam(entry["owner"]).pw_uid
+        uid = _lookup(lambda n: pwd.getpwnam(n).pw_uid, entry["owner"], check)
     except KeyError:
         raise ConfigFilesError(f"{what}: owner {entry['owner']!r} is not a user on this node") from None
     try:
-        gid = grp.getgrnam(entry["group"]).gr_gid
+        gid = _lookup(lambda n: grp.getgrnam(n).gr_gid, entry["group"], check)
     except KeyError:
         raise ConfigFilesError(f"{what}: group {entry['group']!r} is not a group on this node") from None
     return Attrs(uid, gid, int(mode, 8))
@@ -107,8 +118,8 @@ def apply(directories: list[dict] | None = None, files: list[dict] | None = None
     changed (in check mode: that would change). Everything is checked (modes, users, sources)
     before the first write, so bad input changes nothing."""
     directories, files, absent = directories or [], files or [], absent or []
-    planned_dirs = [(d["path"], _attrs(d, f"directory {d.get('path')}")) for d in directories]
-    planned_files = [(f["path"], _attrs(f, f"file {f.get('path')}"), _content(f, f"file {f.get('path')}"))
+    planned_dirs = [(d["path"], _attrs(d, f"directory {d.get('path')}", check)) for d in directories]
+    planned_files = [(f["path"], _attrs(f, f"file {f.get('path')}", check), _content(f, f"file {f.get('path')}"))
                      for f in files]
     changed: list[str] = []
     for path, attrs in planned_dirs:

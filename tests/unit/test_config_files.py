@@ -64,6 +64,16 @@ def test_check_mode_reports_and_writes_nothing(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+def test_check_mode_counts_a_user_not_yet_created_as_a_change_not_an_error(tmp_path):
+    """In check mode the role's user task only reports that it would create the service user."""
+    existing = tmp_path / "f"
+    existing.write_text("x")
+    later = {**entry(existing, content="x"), "owner": "no-such-user-here", "group": "no-such-group-here"}
+    assert apply(files=[later], check=True) == [str(existing)]
+    with pytest.raises(ConfigFilesError, match="owner 'no-such-user-here' is not a user"):
+        apply(files=[later])
+
+
 @pytest.mark.parametrize("bad, words", [
     ({"mode": "640x"}, "mode '640x' is not an octal mode"),
     ({"mode": 416}, "mode '416' is not an octal mode"),  # an unquoted YAML 0640
