@@ -15,13 +15,9 @@ from datetime import datetime, timezone
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import SoakConfigError
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import (
-    SERIES,
     EngineMetrics,
-    in_flight,
     incomplete_message,
     int_or_none,
-    missing_metrics,
-    progress_marker,
 )
 
 # The CUDA failure lines that mean the engine died (the story's crash prints the first or
@@ -79,14 +75,7 @@ class Sample:
     n_restarts: int | None = None
     main_pid: int | None = None
     active_state: str | None = None
-    running: float | None = None
-    waiting: float | None = None
-    generation_tokens: float | None = None
-    prompt_tokens: float | None = None
-    kv_usage: float | None = None
-    success_total: float | None = None
-    preemptions: float | None = None
-    finished: float | None = None  # requests the engine finished (not aborted): vllm_progress
+    metrics: EngineMetrics = field(default_factory=EngineMetrics)  # this tick's /metrics; all None: not read
     journal: list = field(default_factory=list)  # JournalLine, new since the last tick
 
     @classmethod
@@ -99,29 +88,12 @@ class Sample:
             sample.main_pid = int_or_none(systemd.get("MainPID"))
             sample.active_state = systemd.get("ActiveState") or None
         if metrics_text is not None:
-            metrics = EngineMetrics.from_text(metrics_text)
-            for name in (*SERIES, "finished"):
-                setattr(sample, name, getattr(metrics, name))
+            sample.metrics = EngineMetrics.from_text(metrics_text)
         return sample
 
     @property
     def metrics_ok(self) -> bool:
-        return self.generation_tokens is not None
-
-    @property
-    def in_flight(self) -> float | None:
-        return in_flight(self)
-
-    @property
-    def progress_marker(self) -> tuple | None:
-        """Generated tokens and finished requests (``vllm_progress``: the same notion as
-        the node watchdog's)."""
-        return progress_marker(self)
-
-    @property
-    def missing(self) -> list[str]:
-        """The series judging progress needs that this tick's /metrics lacked."""
-        return missing_metrics(self)
+        return self.metrics.generation_tokens is not None
 
 
 # --------------------------------------------------------------------------- the monitor
@@ -147,7 +119,7 @@ class Monitor:
       ``/health`` answered 503 or refused the connection, or a journal line matched one of
       the CUDA patterns. The signals of one engine death arrive over a few ticks (CUDA
       line, 503, exit, restart): they are one crash until the service is healthy again.
-    * wedge: requests in flight and no progress (``Sample.progress_marker``: generated
+    * wedge: requests in flight and no progress (``EngineMetrics.progress_marker``: generated
       tokens, finished requests) for ``wedge_window_s`` while ``/health`` says 200 -- or
       while ``/health`` and ``/metrics`` stop answering at all (a hung server). Never when
       idle. In flight rising while nothing is generated (clients retrying) is part of the
@@ -216,10 +188,11 @@ class Monitor:
             self._last_progress_t = sample.elapsed_s
         self.samples += 1
         self._count_tokens(sample)
-        if sample.kv_usage is not None:
-            self.kv_peak = sample.kv_usage if self.kv_peak is None else max(self.kv_peak, sample.kv_usage)
-        if sample.in_flight:
-            self.max_in_flight = max(self.max_in_flight, sample.in_flight)
+        kv, in_flight = sample.metrics.kv_usage, sample.metrics.in_flight
+        if kv is not None:
+            self.kv_peak = kv if self.kv_peak is None else max(self.kv_peak, kv)
+        if in_flight:
+            self.max_in_flight = max(self.max_in_flight, in_flight)
 
         healthy = self._healthy(sample)
         signals = self._crash_signals(sample)
@@ -255,10 +228,10 @@ class Monitor:
         if healthy and not self._down:
             self._ref_pid, self._ref_restarts = sample.main_pid, sample.n_restarts
 
-        if healthy and sample.missing and not self.metrics_incomplete:
-            self.metrics_incomplete = sample.missing
+        if healthy and sample.metrics.missing and not self.metrics_incomplete:
+            self.metrics_incomplete = sample.metrics.missing
             new.append({"kind": "metrics_incomplete", "elapsed_s": round(sample.elapsed_s, 3),
-                        "missing": sample.missing, "evidence": incomplete_message(sample.missing)})
+                        "missing": sample.metrics.missing, "evidence": incomplete_message(sample.metrics.missing)})
         wedge = self._check_wedge(sample)
         if wedge:
             new.append(wedge)
@@ -314,9 +287,9 @@ class Monitor:
             "crashes": len(self.crashes),
             "wedges": len(self.wedges),
             "failed": self.failed_requests,
-            "running": last.running if last else None,
-            "waiting": last.waiting if last else None,
-            "kv_usage": last.kv_usage if last else None,
+            "running": last.metrics.running if last else None,
+            "waiting": last.metrics.waiting if last else None,
+            "kv_usage": last.metrics.kv_usage if last else None,
             "kv_peak": self.kv_peak,
             "health": (last.health if last.health is not None else last.health_error) if last else None,
         }
@@ -394,9 +367,9 @@ class Monitor:
     def _check_wedge(self, sample: Sample) -> dict | None:
         healthy = sample.health == 200
         silent = sample.health is None and sample.health_error == "timeout" and not sample.metrics_ok
-        marker = sample.progress_marker
-        in_flight = sample.in_flight
-        if self._down or not (healthy or silent) or (healthy and (marker is None or sample.missing)) \
+        marker = sample.metrics.progress_marker
+        in_flight = sample.metrics.in_flight
+        if self._down or not (healthy or silent) or (healthy and (marker is None or sample.metrics.missing)) \
                 or in_flight == 0:
             self._reset_wedge(sample)
             return None
@@ -414,7 +387,7 @@ class Monitor:
             rising = (f" (rising from {self._flat_in_flight:g})" if self._flat_in_flight is not None
                       and in_flight > self._flat_in_flight else "")
             evidence = (f"{in_flight:g} request(s) in flight{rising} and no progress for {flat_for:.0f} s "
-                        f"(vllm:generation_tokens_total flat at {sample.generation_tokens:g}, no request finished) "
+                        f"(vllm:generation_tokens_total flat at {sample.metrics.generation_tokens:g}, no request finished) "
                         f"while /health answers 200")
         wedge = {
             "kind": "unresponsive" if silent else "no_progress",
@@ -423,9 +396,9 @@ class Monitor:
             "time": utc_iso(sample.time - flat_for),
             "detected_at": utc_iso(sample.time),
             "flat_for_s": round(flat_for, 3),
-            "running": sample.running,
-            "waiting": sample.waiting,
-            "generation_tokens": sample.generation_tokens,
+            "running": sample.metrics.running,
+            "waiting": sample.metrics.waiting,
+            "generation_tokens": sample.metrics.generation_tokens,
             "in_flight_at_last_progress": self._flat_in_flight,
             "evidence": evidence,
         }
@@ -434,18 +407,18 @@ class Monitor:
 
     def _reset_wedge(self, sample: Sample) -> None:
         self._last_progress_t = sample.elapsed_s
-        self._last_marker = sample.progress_marker
-        self._flat_in_flight = sample.in_flight
+        self._last_marker = sample.metrics.progress_marker
+        self._flat_in_flight = sample.metrics.in_flight
         self._wedged = False
 
     def _count_tokens(self, sample: Sample) -> None:
         if not sample.metrics_ok:
             return
-        total = sample.generation_tokens + (sample.prompt_tokens or 0)
+        total = sample.metrics.generation_tokens + (sample.metrics.prompt_tokens or 0)
         if self._tokens_prev is not None and total < self._tokens_prev:  # a new process: counters from 0
             self._tokens_offset += self._tokens_prev
         self._tokens_prev = total
-        gen = sample.generation_tokens
+        gen = sample.metrics.generation_tokens
         if self._gen_prev is not None:
             self.generated_tokens += gen - self._gen_prev if gen >= self._gen_prev else gen
         self._gen_prev = gen

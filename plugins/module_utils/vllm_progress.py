@@ -8,10 +8,9 @@ all read it.
 * ``parse_prometheus`` / ``metric_sum`` / ``metric_max``: the text exposition format.
 * ``SERIES`` / ``aggregate``: one aggregation rule per metric across a scrape's
   ``model_name``/``engine`` label sets.
-* ``EngineMetrics``: the series of one ``/metrics`` answer that say whether the engine works.
-* ``missing_metrics``: the series a judgement needs that a scrape lacked ("metrics
-  incomplete"), the same rule for the soak and the watchdog.
-* ``progress_marker``: generated tokens and requests the engine finished (stop or length).
+* ``EngineMetrics``: the series of one ``/metrics`` answer that say whether the engine works;
+  its ``missing``: the series a judgement needs that a scrape lacked ("metrics
+  incomplete"), the same rule for the soak and the watchdog; its ``progress_marker``: generated tokens and requests the engine finished (stop or length).
   Nothing else counts: prompt tokens can be counted as requests arrive, and clients that
   time out and retry keep them (and the queue) moving while a wedged engine generates
   nothing. A wedged engine (vLLM answers ``/health`` 200) moves neither.
@@ -148,57 +147,42 @@ class EngineMetrics:
                    **{attr: aggregate(series, name) for attr, (name, _) in SERIES.items()})
 
     @property
+    def read(self) -> bool:
+        """Whether any series of ``SERIES`` was read at all (else: no metrics, not incomplete ones)."""
+        return any(getattr(self, attr) is not None for attr in SERIES)
+
+    @property
     def in_flight(self) -> float | None:
-        return in_flight(self)
+        """Requests running plus waiting; None when either was not read (a missing gauge is
+        unknown, not zero)."""
+        if self.running is None or self.waiting is None:
+            return None
+        return self.running + self.waiting
 
     @property
     def progress_marker(self) -> tuple | None:
-        return progress_marker(self)
+        """Generated tokens and finished requests; None when the metrics were not read (no
+        ``vllm:generation_tokens_total``): no evidence either way. Two markers differ exactly
+        when the engine made progress between them (a restarted process starts its counters
+        again, which differs too)."""
+        if self.generation_tokens is None:
+            return None
+        return (self.generation_tokens, self.finished or 0.0)
 
     @property
     def missing(self) -> list[str]:
-        return missing_metrics(self)
-
-
-def metrics_read(metrics) -> bool:
-    """Whether any series of ``SERIES`` was read at all (else: no metrics, not incomplete ones)."""
-    return any(getattr(metrics, attr) is not None for attr in SERIES)
-
-
-def missing_metrics(metrics) -> list[str]:
-    """The series progress cannot be judged without that a scrape lacked, by name; [] when
-    none lacks, or when nothing was read at all. The soak and the watchdog both report a
-    non-empty answer as "metrics incomplete: <names>" and judge nothing from that scrape."""
-    if not metrics_read(metrics):
-        return []
-    return [SERIES[attr][0] for attr in REQUIRED_FIELDS if getattr(metrics, attr) is None]
+        """The series progress cannot be judged without that a scrape lacked, by name; [] when
+        none lacks, or when nothing was read at all. The soak and the watchdog both report a
+        non-empty answer as "metrics incomplete: <names>" and judge nothing from that scrape."""
+        if not self.read:
+            return []
+        return [SERIES[attr][0] for attr in REQUIRED_FIELDS if getattr(self, attr) is None]
 
 
 def incomplete_message(missing: list[str]) -> str:
     """The one wording of "metrics incomplete", for the soak's verdict and the watchdog's."""
     return (f"metrics incomplete: {', '.join(missing)} missing from /metrics, so a wedged engine cannot be told "
             "from an idle one")
-
-
-def in_flight(metrics) -> float | None:
-    """Requests running plus waiting of anything with ``running``/``waiting`` attributes;
-    None when either was not read (a missing gauge is unknown, not zero)."""
-    if metrics.running is None or metrics.waiting is None:
-        return None
-    return metrics.running + metrics.waiting
-
-
-def progress_marker(metrics) -> tuple | None:
-    """Generated tokens and finished requests of anything with the ``PROGRESS_FIELDS``
-    attributes (``EngineMetrics``, the soak's ``Sample``).
-
-    None when the metrics were not read (no ``vllm:generation_tokens_total``): no evidence
-    either way. Two markers differ exactly when the engine made progress between them (a
-    restarted process starts its counters again, which differs too).
-    """
-    if metrics.generation_tokens is None:
-        return None
-    return (metrics.generation_tokens, metrics.finished or 0.0)
 
 
 def parse_systemctl_show(text: str) -> dict[str, str]:

@@ -48,9 +48,7 @@ from .vllm_progress import (
     http_get,
     incomplete_message,
     int_or_none,
-    missing_metrics,
     parse_systemctl_show,
-    progress_marker,
 )
 
 SCHEMA_VERSION = 1
@@ -299,8 +297,8 @@ def decide(cfg: WatchdogConfig, state: WatchdogState, obs: Observation) -> Decis
                    f"(restart after {cfg.window_s:g} s)")
     else:
         st.unhealthy_since_mono = None
-        marker = progress_marker(metrics) if metrics else None
-        missing = missing_metrics(metrics) if metrics else []
+        marker = metrics.progress_marker if metrics else None
+        missing = metrics.missing if metrics else []
         if missing:
             # Some series but not all: no evidence either way, like no metrics at all.
             return verdict_only("metrics_incomplete", f"{incomplete_message(missing)}: cannot judge progress of "

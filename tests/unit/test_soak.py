@@ -20,6 +20,7 @@ from ansible_collections.vllm_fleet.fleet.plugins.module_utils import soak, soak
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import SoakConfig, SoakError
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_monitor import JournalLine, Monitor, MonitorConfig, Sample
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import SoakConfigError
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import EngineMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_METRICS = ROOT / "tests" / "fixtures" / "vllm_standin" / "src" / "vllm" / "metrics.py"
@@ -61,8 +62,9 @@ def test_parses_the_standin_metrics_text():
 
     sample = Sample.from_observations(4.0, metrics_text=text, health=200,
                                       systemd={"NRestarts": "0", "MainPID": "412", "ActiveState": "active"})
-    assert (sample.running, sample.waiting, sample.kv_usage) == (3, 1, pytest.approx(0.42))
-    assert (sample.generation_tokens, sample.success_total, sample.main_pid, sample.n_restarts) == (1234, 12, 412, 0)
+    assert (sample.metrics.running, sample.metrics.waiting, sample.metrics.kv_usage) == (3, 1, pytest.approx(0.42))
+    assert (sample.metrics.generation_tokens, sample.metrics.success_total) == (1234, 12)
+    assert (sample.main_pid, sample.n_restarts) == (412, 0)
 
 
 def test_prometheus_edge_cases():
@@ -104,11 +106,12 @@ def test_systemctl_show_and_journal_json():
 def healthy(t, gen=None, running=4, pid=412, restarts=0, kv=None, journal=(), prompt=None, waiting=0, **kw):
     """A healthy tick; by default the engine progressed (tokens grow with t)."""
     gen = t * 100 if gen is None else gen
+    metrics = EngineMetrics(running=running, waiting=waiting, generation_tokens=gen,
+                            prompt_tokens=t * 1000 if prompt is None else prompt,
+                            kv_usage=0.3 if kv is None else kv, success_total=0, preemptions=0,
+                            finished=kw.pop("finished", None))
     return Sample(t, time=1e9 + t, health=200, n_restarts=restarts, main_pid=pid, active_state="active",
-                  running=running, waiting=waiting, generation_tokens=gen,
-                  prompt_tokens=t * 1000 if prompt is None else prompt,
-                  kv_usage=0.3 if kv is None else kv, success_total=0, preemptions=0,
-                  journal=[JournalLine(1e9 + t - 0.5, line) for line in journal], **kw)
+                  metrics=metrics, journal=[JournalLine(1e9 + t - 0.5, line) for line in journal], **kw)
 
 
 def feed(monitor, samples):
@@ -219,7 +222,7 @@ def test_missing_request_gauges_are_metrics_incomplete_not_a_traceback():
     ticks = [Sample.from_observations(t, time=1e9 + t, health=200, metrics_text=text,
                                       systemd={"NRestarts": "0", "MainPID": "412", "ActiveState": "active"})
              for t in range(0, 20, 2)]
-    assert ticks[0].in_flight is None
+    assert ticks[0].metrics.in_flight is None
     events = feed(monitor, ticks)
     assert [e["kind"] for e in events] == ["metrics_incomplete"] and monitor.wedges == []
     assert monitor.stop_reason == "metrics_incomplete"

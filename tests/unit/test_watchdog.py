@@ -457,8 +457,8 @@ def test_the_soak_and_the_watchdog_share_one_notion_of_progress():
     text = metrics_text(running=2, waiting=1, gen=10.0, prompt=99.0, kv=0.25, success=3.0, preempt=1.0)
     sample = soak_monitor.Sample.from_observations(0.0, health=200, metrics_text=text)
     engine = EngineMetrics.from_text(text)
-    assert sample.progress_marker == engine.progress_marker == (10.0, 3.0)
-    assert sample.in_flight == engine.in_flight == 3
+    assert sample.metrics == engine  # the soak's tick holds the watchdog's reading, not a copy of its fields
+    assert engine.progress_marker == (10.0, 3.0) and engine.in_flight == 3
 
 
 def two_engines(kv=(0.43, 0.43)) -> str:
@@ -480,7 +480,7 @@ def test_one_aggregation_rule_per_metric_across_engines():
     assert engine.kv_usage == 0.43  # the fullest engine, not 0.86
     assert (engine.success_total, engine.finished) == (22, 8)  # aborted requests are not finished work
     sample = soak_monitor.Sample.from_observations(0.0, health=200, metrics_text=two_engines((0.2, 0.6)))
-    assert sample.kv_usage == 0.6 and sample.in_flight == 6
+    assert sample.metrics.kv_usage == 0.6 and sample.metrics.in_flight == 6
     assert vllm_progress.aggregate(vllm_progress.parse_prometheus(two_engines()), "vllm:kv_cache_usage_perc") == 0.43
 
 
