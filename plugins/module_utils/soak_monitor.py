@@ -387,7 +387,8 @@ class Monitor:
             rising = (f" (rising from {self._flat_in_flight:g})" if self._flat_in_flight is not None
                       and in_flight > self._flat_in_flight else "")
             evidence = (f"{in_flight:g} request(s) in flight{rising} and no progress for {flat_for:.0f} s "
-                        f"(vllm:generation_tokens_total flat at {sample.metrics.generation_tokens:g}, no request finished) "
+                        f"(vllm:generation_tokens_total flat at {sample.metrics.generation_tokens:g}, "
+                        "no request finished) "
                         f"while /health answers 200")
         wedge = {
             "kind": "unresponsive" if silent else "no_progress",

@@ -10,7 +10,8 @@ all read it.
   ``model_name``/``engine`` label sets.
 * ``EngineMetrics``: the series of one ``/metrics`` answer that say whether the engine works;
   its ``missing``: the series a judgement needs that a scrape lacked ("metrics
-  incomplete"), the same rule for the soak and the watchdog; its ``progress_marker``: generated tokens and requests the engine finished (stop or length).
+  incomplete"), the same rule for the soak and the watchdog; its ``progress_marker``:
+  generated tokens and requests the engine finished (stop or length).
   Nothing else counts: prompt tokens can be counted as requests arrive, and clients that
   time out and retry keep them (and the queue) moving while a wedged engine generates
   nothing. A wedged engine (vLLM answers ``/health`` 200) moves neither.

@@ -247,117 +247,142 @@ def _fmt(value) -> str:
     return "?" if value is None else f"{value:g}"
 
 
-def decide(cfg: WatchdogConfig, state: WatchdogState, obs: Observation) -> Decision:
-    """The verdict on one observation, the state for the next run, the lines to log and
-    whether to restart. Pure: no clock, no I/O."""
-    st = replace(state, restarts=_prune(state.restarts, obs.wall, cfg.restart_window_s))
-    metrics = obs.metrics
-    base = {"instance": cfg.instance, "unit": cfg.unit, "main_pid": obs.main_pid,
-            "active_state": obs.active_state}
+@dataclass
+class Finding:
+    """What one observation says about the engine; ``due``: the unit should be restarted."""
 
-    def line(event: str, message: str, **extra) -> dict:
-        return {"event": event, **base, **extra, "message": message}
+    verdict: str
+    message: str
+    detail: dict = field(default_factory=dict)
+    due: bool = False
 
-    def verdict_only(verdict: str, message: str, **extra) -> Decision:
-        lines = [line(verdict, message, **extra)] if verdict != state.verdict else []
-        st.verdict = verdict
-        return Decision(verdict, False, lines, st)
 
-    # systemd is starting it, or it is not running: not ours to judge.
+def _not_judged(cfg: WatchdogConfig, st: WatchdogState, obs: Observation) -> Finding | None:
+    """Not ours to judge: systemd is starting the unit, it is not running, or it is in its
+    start-up grace. Resets what a new process starts again."""
     if obs.active_state != "active" or not obs.main_pid:
         st.process, st.marker, st.progress_mono, st.unhealthy_since_mono = None, None, None, None
         if obs.active_state in STARTING_STATES:
-            return verdict_only("skipped_starting", f"{cfg.unit} is {obs.active_state}: systemd is starting it")
-        return verdict_only("inactive", f"{cfg.unit} is {obs.active_state or 'unknown'} "
-                                        f"({obs.sub_state or '?'}): nothing to watch")
-
+            return Finding("skipped_starting", f"{cfg.unit} is {obs.active_state}: systemd is starting it")
+        return Finding("inactive", f"{cfg.unit} is {obs.active_state or 'unknown'} ({obs.sub_state or '?'}): "
+                                   "nothing to watch")
     if obs.process != st.process:  # a new process: its counters and clocks start again
         st.process, st.marker, st.progress_mono, st.unhealthy_since_mono = obs.process, None, None, None
-
     if obs.exec_start_mono is not None and obs.mono - obs.exec_start_mono < cfg.startup_grace_s:
-        return verdict_only("skipped_starting",
-                            f"{cfg.unit} started {obs.mono - obs.exec_start_mono:.0f} s ago, within the start-up "
-                            f"grace of {cfg.startup_grace_s:g} s", startup_grace_s=cfg.startup_grace_s)
+        return Finding("skipped_starting", f"{cfg.unit} started {obs.mono - obs.exec_start_mono:.0f} s ago, within "
+                                           f"the start-up grace of {cfg.startup_grace_s:g} s",
+                       {"startup_grace_s": cfg.startup_grace_s})
+    return None
 
-    load = {"running": metrics.running if metrics else None, "waiting": metrics.waiting if metrics else None,
-            "tokens": metrics.generation_tokens if metrics else None,
-            "prompt_tokens": metrics.prompt_tokens if metrics else None,
-            "kv_usage": metrics.kv_usage if metrics else None, "window_s": cfg.window_s}
 
-    if obs.health != 200:
-        # No progress evidence now; when /health comes back the window starts again.
-        st.marker, st.progress_mono = None, None
-        if st.unhealthy_since_mono is None:
-            st.unhealthy_since_mono = obs.mono
-        failing_for = obs.mono - st.unhealthy_since_mono
-        health = obs.health if obs.health is not None else obs.health_error
-        verdict, due = "unhealthy", failing_for >= cfg.window_s
-        detail = dict(load, health=health, failing_for_s=round(failing_for, 1))
-        message = (f"/health answers {health} while systemd says {cfg.unit} is active, for {failing_for:.0f} s "
-                   f"(restart after {cfg.window_s:g} s)")
-    else:
-        st.unhealthy_since_mono = None
-        marker = metrics.progress_marker if metrics else None
-        missing = metrics.missing if metrics else []
-        if missing:
-            # Some series but not all: no evidence either way, like no metrics at all.
-            return verdict_only("metrics_incomplete", f"{incomplete_message(missing)}: cannot judge progress of "
-                                                      f"{cfg.unit}", missing=missing, **load)
-        if marker is None:
-            # /health 200 but no metrics: no evidence either way; the window is neither
-            # reset nor acted on.
-            return verdict_only("no_metrics", f"/health answers 200 but /metrics could not be read: cannot judge "
-                                              f"progress of {cfg.unit}", **load)
-        in_flight = metrics.in_flight
-        if not in_flight:
-            # Idle is not a wedge, and idle time does not count: the window starts again at
-            # the first sample that sees work.
-            st.marker, st.progress_mono, st.progress_in_flight = None, None, None
-            return verdict_only("healthy", f"{cfg.unit} answers /health and is idle", **load)
-        if st.marker is None or list(marker) != st.marker:
-            moved = st.marker is not None
-            st.marker, st.progress_mono, st.progress_in_flight = list(marker), obs.mono, in_flight
-            if moved:  # it recovered: a later wedge of the same process is a new episode
-                st.rate_limited_process = None
-            return verdict_only("healthy", f"{cfg.unit} makes progress with {in_flight:g} request(s) in flight"
-                                if moved else f"{cfg.unit} answers /health with {in_flight:g} request(s) in flight",
-                                **load)
-        flat_for = obs.mono - st.progress_mono
-        detail = dict(load, health=200, flat_for_s=round(flat_for, 1), in_flight_at_progress=st.progress_in_flight)
-        rising = (f" (rising from {st.progress_in_flight:g})" if st.progress_in_flight is not None
-                  and in_flight > st.progress_in_flight else "")
-        if flat_for < cfg.window_s:
-            return verdict_only("stalled", f"{in_flight:g} request(s) in flight{rising} and no progress for "
-                                           f"{flat_for:.0f} s (wedged after {cfg.window_s:g} s)", **detail)
-        verdict, due = "wedged", True
-        message = (f"{in_flight:g} request(s) in flight{rising} and no progress for {flat_for:.0f} s (window "
-                   f"{cfg.window_s:g} s; generated tokens flat at {_fmt(metrics.generation_tokens)}, no request "
-                   f"finished) while /health answers 200: the engine is wedged")
+def _load(cfg: WatchdogConfig, metrics: EngineMetrics | None) -> dict:
+    def get(attr):
+        return getattr(metrics, attr) if metrics else None
+    return {"running": get("running"), "waiting": get("waiting"), "tokens": get("generation_tokens"),
+            "prompt_tokens": get("prompt_tokens"), "kv_usage": get("kv_usage"), "window_s": cfg.window_s}
 
-    lines = [line(verdict, message, **detail)] if verdict != state.verdict else []
-    st.verdict = verdict
-    if not due:
-        return Decision(verdict, False, lines, st)
+
+def _judge_unhealthy(cfg: WatchdogConfig, st: WatchdogState, obs: Observation, load: dict) -> Finding:
+    """/health does not answer 200 while systemd says active: due after the window."""
+    # No progress evidence now; when /health comes back the window starts again.
+    st.marker, st.progress_mono = None, None
+    if st.unhealthy_since_mono is None:
+        st.unhealthy_since_mono = obs.mono
+    failing_for = obs.mono - st.unhealthy_since_mono
+    health = obs.health if obs.health is not None else obs.health_error
+    return Finding("unhealthy", f"/health answers {health} while systemd says {cfg.unit} is active, for "
+                                f"{failing_for:.0f} s (restart after {cfg.window_s:g} s)",
+                   dict(load, health=health, failing_for_s=round(failing_for, 1)), due=failing_for >= cfg.window_s)
+
+
+def _judge_progress(cfg: WatchdogConfig, st: WatchdogState, obs: Observation, load: dict) -> Finding:
+    """/health answers 200: wedged when requests are in flight and the progress marker has
+    not moved for the window."""
+    st.unhealthy_since_mono = None
+    metrics = obs.metrics
+    marker = metrics.progress_marker if metrics else None
+    missing = metrics.missing if metrics else []
+    if missing:
+        # Some series but not all: no evidence either way, like no metrics at all.
+        return Finding("metrics_incomplete", f"{incomplete_message(missing)}: cannot judge progress of {cfg.unit}",
+                       dict(load, missing=missing))
+    if marker is None:
+        # /health 200 but no metrics: no evidence either way; the window is neither reset nor acted on.
+        return Finding("no_metrics", f"/health answers 200 but /metrics could not be read: cannot judge progress "
+                                     f"of {cfg.unit}", load)
+    in_flight = metrics.in_flight
+    if not in_flight:
+        # Idle is not a wedge, and idle time does not count: the window starts again at the
+        # first sample that sees work.
+        st.marker, st.progress_mono, st.progress_in_flight = None, None, None
+        return Finding("healthy", f"{cfg.unit} answers /health and is idle", load)
+    if st.marker is None or list(marker) != st.marker:
+        moved = st.marker is not None
+        st.marker, st.progress_mono, st.progress_in_flight = list(marker), obs.mono, in_flight
+        if moved:  # it recovered: a later wedge of the same process is a new episode
+            st.rate_limited_process = None
+        return Finding("healthy", f"{cfg.unit} makes progress with {in_flight:g} request(s) in flight" if moved
+                       else f"{cfg.unit} answers /health with {in_flight:g} request(s) in flight", load)
+    flat_for = obs.mono - st.progress_mono
+    detail = dict(load, health=200, flat_for_s=round(flat_for, 1), in_flight_at_progress=st.progress_in_flight)
+    rising = (f" (rising from {st.progress_in_flight:g})" if st.progress_in_flight is not None
+              and in_flight > st.progress_in_flight else "")
+    if flat_for < cfg.window_s:
+        return Finding("stalled", f"{in_flight:g} request(s) in flight{rising} and no progress for {flat_for:.0f} s "
+                                  f"(wedged after {cfg.window_s:g} s)", detail)
+    return Finding("wedged", f"{in_flight:g} request(s) in flight{rising} and no progress for {flat_for:.0f} s "
+                             f"(window {cfg.window_s:g} s; generated tokens flat at "
+                             f"{_fmt(metrics.generation_tokens)}, no request finished) while /health answers 200: "
+                             "the engine is wedged", detail, due=True)
+
+
+def _restart_or_hold(cfg: WatchdogConfig, st: WatchdogState, obs: Observation, finding: Finding,
+                     line) -> tuple[bool, list]:
+    """A due finding: restart, unless our restart of this process is still under way or the
+    restart budget of the window is spent (said once per process)."""
     counts = {"restarts_in_window": len(st.restarts), "max_restarts": cfg.max_restarts,
               "restart_window_s": cfg.restart_window_s}
     if st.acted_process == obs.process and st.acted_mono is not None and obs.mono - st.acted_mono < cfg.window_s:
         # Our restart of this very process is still under way (the stop can take a while).
-        return Decision(verdict, False, lines, st)
+        return False, []
     if len(st.restarts) >= cfg.max_restarts:
-        if st.rate_limited_process != obs.process:  # once per process, not every run
-            st.rate_limited_process = obs.process
-            lines.append(line("rate_limited", (
-                f"{cfg.unit} is {verdict} but was restarted {len(st.restarts)} time(s) in the last "
-                f"{cfg.restart_window_s:g} s (max_restarts {cfg.max_restarts}): not restarting it; "
-                "a flapping node is for the rollout and the operators"), reason=verdict, **detail, **counts))
-        return Decision(verdict, False, lines, st)
-    st.restarts = st.restarts + [{"time": obs.wall, "reason": verdict}]
+        if st.rate_limited_process == obs.process:  # once per process, not every run
+            return False, []
+        st.rate_limited_process = obs.process
+        return False, [line("rate_limited", (
+            f"{cfg.unit} is {finding.verdict} but was restarted {len(st.restarts)} time(s) in the last "
+            f"{cfg.restart_window_s:g} s (max_restarts {cfg.max_restarts}): not restarting it; "
+            "a flapping node is for the rollout and the operators"), reason=finding.verdict, **finding.detail,
+            **counts)]
+    st.restarts = st.restarts + [{"time": obs.wall, "reason": finding.verdict}]
     st.acted_process, st.acted_mono = obs.process, obs.mono
     counts["restarts_in_window"] = len(st.restarts)
-    lines.append(line("restarted", f"restarting {cfg.unit} ({verdict}): restart {len(st.restarts)} of at most "
-                                   f"{cfg.max_restarts} in {cfg.restart_window_s:g} s", reason=verdict, **detail,
-                      **counts))
-    return Decision(verdict, True, lines, st)
+    return True, [line("restarted", f"restarting {cfg.unit} ({finding.verdict}): restart {len(st.restarts)} of at "
+                                    f"most {cfg.max_restarts} in {cfg.restart_window_s:g} s",
+                       reason=finding.verdict, **finding.detail, **counts)]
+
+
+def decide(cfg: WatchdogConfig, state: WatchdogState, obs: Observation) -> Decision:
+    """The verdict on one observation, the state for the next run, the lines to log and
+    whether to restart. Pure: no clock, no I/O."""
+    st = replace(state, restarts=_prune(state.restarts, obs.wall, cfg.restart_window_s))
+    base = {"instance": cfg.instance, "unit": cfg.unit, "main_pid": obs.main_pid, "active_state": obs.active_state}
+
+    def line(event: str, message: str, **extra) -> dict:
+        return {"event": event, **base, **extra, "message": message}
+
+    finding = _not_judged(cfg, st, obs)
+    if finding is None:
+        load = _load(cfg, obs.metrics)
+        finding = (_judge_unhealthy if obs.health != 200 else _judge_progress)(cfg, st, obs, load)
+    # A verdict is logged when it changes, not at every run.
+    lines = [line(finding.verdict, finding.message, **finding.detail)] if finding.verdict != state.verdict else []
+    st.verdict = finding.verdict
+    restart = False
+    if finding.due:
+        restart, more = _restart_or_hold(cfg, st, obs, finding, line)
+        lines += more
+    return Decision(finding.verdict, restart, lines, st)
 
 
 # --------------------------------------------------------------------------- observe, act
