@@ -331,20 +331,58 @@ def parse_cuda_gdb(data: str | bytes) -> dict:
     notes: list[str] = []
     if cut:
         notes.append("the output ends mid-line: it may be truncated")
-
     opening = _OPENING.search(text)
+    exception, code = _exception(text, opening, cut, notes)
+    lines = _logical_lines(text)
+    frames, kernel_frame = _kernel_frames(lines, exception, cut)
+
+    trigger = _TRIGGER.search(text)
+    error_pc = trigger.group("pc") if trigger else None
+    insn, source = _faulting_instruction(_instructions(lines), error_pc)
+    if error_pc is None and insn is not None and source == "errorpc":
+        error_pc = insn["address"]
+    notes += _instruction_notes(error_pc, insn, source)
+    trigger_rest = trigger.group("rest") if trigger else None
+    location = trigger_rest[1:-1] if trigger_rest and re.fullmatch(r"\(\S+:\d+\)", trigger_rest) else None
+    focus = _focus(text)
+    kernel = kernel_frame["function"]
+    return {
+        "exception": exception,
+        "exception_code": code,
+        "kernel": kernel,
+        "kernel_base": _base_name(kernel),
+        "launch": kernel_frame["launch"],
+        "pc": error_pc or frames[0]["pc"],
+        "frame_pc": frames[0]["pc"],
+        "instruction": insn["text"] if insn else None,
+        "instruction_address": insn["address"] if insn else None,
+        "instruction_symbol": insn["symbol"] if insn else None,
+        "instruction_offset": insn["offset"] if insn else None,
+        "instruction_source": source,
+        "focus": focus,
+        **{key: focus[key] if focus else None for key in ("device", "sm", "warp", "lane")},
+        "frames": frames,
+        "core_file": opening.group("file") if opening else None,
+        "exception_function": None if location else trigger_rest,
+        "source_location": location,
+        "notes": notes,
+    }
+
+
+def _exception(text: str, opening, cut: str, notes: list) -> tuple[str, str | None]:
+    """The exception's name and code; no exception line is an error that says what was seen."""
     exception_match = _EXCEPTION.search(text)
     signal = _SIGNAL.search(text)
     if exception_match:
         exception = exception_match.group("name")
     elif signal:
         exception = signal.group("name").strip()
+    elif opening:
+        raise CoreDumpParseError(
+            f"truncated output: cuda-gdb opened the GPU core dump ({opening.group('file')}) but no "
+            f"'CUDA Exception: <name>' line follows{cut}; expected the exception, its PC and a backtrace. "
+            "A dump taken without an exception (user-triggered) has nothing to triage.")
     else:
-        if opening:
-            raise CoreDumpParseError(
-                f"truncated output: cuda-gdb opened the GPU core dump ({opening.group('file')}) but no "
-                f"'CUDA Exception: <name>' line follows{cut}; expected the exception, its PC and a backtrace. "
-                "A dump taken without an exception (user-triggered) has nothing to triage.")
         raise CoreDumpParseError(
             "no CUDA exception found: expected a line 'CUDA Exception: <name>' (what cuda-gdb prints after "
             "'target cudacore FILE') or 'received signal CUDA_EXCEPTION_<n>, <name>.'; the input starts with: "
@@ -352,12 +390,15 @@ def parse_cuda_gdb(data: str | bytes) -> dict:
     code = signal.group("code") if signal else exception_code(exception)
     if code is None:
         notes.append(f"exception {exception!r} is not in cuda-gdb's exception table: no code")
+    return exception, code
 
-    lines = _logical_lines(text)
+
+def _kernel_frames(lines: list, exception: str, cut: str) -> tuple[list, dict]:
+    """The backtrace (innermost first) and its kernel launch frame; 'info cuda kernels' names
+    the kernel where no frame shows <<<...>>>."""
     frames = _frames(lines)
     table = _cuda_kernels(lines)
     if table and not any(f["launch"] for f in frames):
-        # 'info cuda kernels' names the kernel and its launch where no frame shows <<<...>>>.
         frames = [dict(frames[0], function=table["function"], launch=table["launch"],
                        args=frames[0]["args"] or table["args"])] + frames[1:] if frames else \
             [{"level": 0, "pc": None, "file": None, "line": None, "text": "info cuda kernels", **table}]
@@ -376,14 +417,12 @@ def parse_cuda_gdb(data: str | bytes) -> dict:
         raise CoreDumpParseError(
             f"no kernel launch frame: found the exception ({exception}) and frames ({shown}) but none with "
             "'KERNEL<<<(grid),(block)>>>'; expected the kernel's frame in the backtrace (bt)")
+    return frames, kernel_frame
 
-    trigger = _TRIGGER.search(text)
-    error_pc = trigger.group("pc") if trigger else None
-    insns = _instructions(lines)
-    insn, source = _faulting_instruction(insns, error_pc)
-    if error_pc is None and insn is not None and source == "errorpc":
-        error_pc = insn["address"]
-    pc = error_pc or frames[0]["pc"]
+
+def _instruction_notes(error_pc: str | None, insn: dict | None, source: str | None) -> list[str]:
+    """What the output lacked about the faulting instruction, and what to run for it."""
+    notes = []
     if error_pc is None:
         notes.append("no exception PC in the output ('The exception was triggered at PC ...'): pc is the "
                      "frame's PC, which for a warp error may be past the faulting instruction")
@@ -398,42 +437,16 @@ def parse_cuda_gdb(data: str | bytes) -> dict:
     elif source == "pc":
         notes.append("the instruction is the one at the warp's PC ('=>'), not the exception PC ('*>'): "
                      "the warp may have moved past the faulting instruction")
+    return notes
 
-    trigger_rest = trigger.group("rest") if trigger else None
-    location = trigger_rest[1:-1] if trigger_rest and re.fullmatch(r"\(\S+:\d+\)", trigger_rest) else None
 
-    focus_match = _FOCUS.search(text)
-    focus = None
-    if focus_match:
-        groups = focus_match.groupdict()
-        focus = {key: (int(value) if key not in ("block", "thread") else re.sub(r"\s+", "", value))
-                 for key, value in groups.items()}
-
-    kernel = kernel_frame["function"]
-    return {
-        "exception": exception,
-        "exception_code": code,
-        "kernel": kernel,
-        "kernel_base": _base_name(kernel),
-        "launch": kernel_frame["launch"],
-        "pc": pc,
-        "frame_pc": frames[0]["pc"],
-        "instruction": insn["text"] if insn else None,
-        "instruction_address": insn["address"] if insn else None,
-        "instruction_symbol": insn["symbol"] if insn else None,
-        "instruction_offset": insn["offset"] if insn else None,
-        "instruction_source": source,
-        "focus": focus,
-        "device": focus["device"] if focus else None,
-        "sm": focus["sm"] if focus else None,
-        "warp": focus["warp"] if focus else None,
-        "lane": focus["lane"] if focus else None,
-        "frames": frames,
-        "core_file": opening.group("file") if opening else None,
-        "exception_function": None if location else trigger_rest,
-        "source_location": location,
-        "notes": notes,
-    }
+def _focus(text: str) -> dict | None:
+    """The focus cuda-gdb reported (kernel, grid, block, thread, device, sm, warp, lane)."""
+    match = _FOCUS.search(text)
+    if not match:
+        return None
+    return {key: (int(value) if key not in ("block", "thread") else re.sub(r"\s+", "", value))
+            for key, value in match.groupdict().items()}
 
 
 # --- matching the catalogue ------------------------------------------------------------
