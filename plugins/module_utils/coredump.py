@@ -38,11 +38,12 @@ same kernel that has one; with none at all it stays null and a note says so.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import shutil
 from typing import Any
+
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.known_issues import match_kernel
 
 # cuda-gdb's exception names and their codes (CUDA-GDB manual, "GPU Error Reporting";
 # the older manuals' names for the codes the newer ones mark deprecated). Keys are
@@ -478,12 +479,9 @@ def triage(parsed: dict, entries: list) -> dict:
             candidates.append(name)
     matched = None
     for name in candidates:
-        for entry in entries:
-            pattern = next((p for p in entry.kernel_patterns if fnmatch.fnmatchcase(name, p)), None)
-            if pattern:
-                matched = _entry_view(entry, pattern, name)
-                break
-        if matched:
+        found = match_kernel(entries, name)
+        if found:
+            matched = _entry_view(*found, name)
             break
     code = f" ({parsed['exception_code']})" if parsed.get("exception_code") else ""
     fault = f"{parsed['exception']}{code}{_where(parsed)}"

@@ -502,9 +502,11 @@ def blocked_message(report: dict) -> str:
     return "\n".join(lines)
 
 
-def match_kernel(entries: list[Entry], kernel_name: str) -> Entry | None:
-    """The first entry whose kernel_patterns match a GPU kernel name (core-dump triage)."""
+def match_kernel(entries: list[Entry], kernel_name: str) -> tuple[Entry, str] | None:
+    """The first entry whose kernel_patterns match a GPU kernel name, and the pattern that
+    matched (core-dump triage). Case-sensitive, like the names cuda-gdb prints."""
     for entry in entries:
-        if any(fnmatch.fnmatchcase(kernel_name, pattern) for pattern in entry.kernel_patterns):
-            return entry
+        pattern = next((p for p in entry.kernel_patterns if fnmatch.fnmatchcase(kernel_name, p)), None)
+        if pattern:
+            return entry, pattern
     return None

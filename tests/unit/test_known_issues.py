@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import fnmatch
 import re
 from pathlib import Path
 
@@ -491,7 +492,8 @@ def test_malformed_catalogue_document(doc, message):
 
 def test_match_kernel_names_the_cudnn_entry():
     kernel = "cudnn_generated_fort_native_sm120_matMul_tile128x128_fusion_sm120"
-    assert match_kernel(ENTRIES, kernel).id == CUDNN
+    entry, pattern = match_kernel(ENTRIES, kernel)
+    assert entry.id == CUDNN and fnmatch.fnmatchcase(kernel, pattern)
     assert match_kernel(ENTRIES, "cutlass_sm120_gemm_kernel") is None
     # Kernel names are case-sensitive.
     assert match_kernel(ENTRIES, kernel.upper()) is None
