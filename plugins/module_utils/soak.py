@@ -38,8 +38,8 @@ from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_monitor impo
     MonitorConfig,
     Sample,
     parse_journal_json,
-    public,
     utc_iso,
+    without_internal_keys,
 )
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import (
     PERF_METRICS,
@@ -169,8 +169,8 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
         "duration_s": round(elapsed_s, 3),
         "planned_duration_s": duration_s,
         "min_duration_s": min_duration_s,
-        "crashes": [public(c) for c in monitor.crashes],
-        "wedges": [public(w) for w in monitor.wedges],
+        "crashes": [without_internal_keys(c) for c in monitor.crashes],
+        "wedges": [without_internal_keys(w) for w in monitor.wedges],
         "failed_requests": monitor.failed_requests,
         "failed_request_errors": monitor.failed_request_errors,
         "performance": performance,

@@ -433,6 +433,6 @@ class Monitor:
             self._window.popleft()
 
 
-def public(record: dict) -> dict:
+def without_internal_keys(record: dict) -> dict:
     """A crash or wedge without its internal (underscore) keys."""
     return {k: v for k, v in record.items() if not k.startswith("_")}

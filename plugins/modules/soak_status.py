@@ -32,13 +32,8 @@ notes:
     M(ansible.builtin.async_status).
 seealso:
   - module: vllm_fleet.fleet.soak
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing to diff.
+extends_documentation_fragment:
+  - vllm_fleet.fleet.read_only
 author:
   - vllm-fleet contributors (!UNKNOWN)
 """

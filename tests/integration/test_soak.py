@@ -8,8 +8,8 @@ failed verdict, and the monitor's CPU use during a soak.
 from __future__ import annotations
 
 import json
-import sys
 import os
+import sys
 import socket
 import subprocess
 import threading
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.simnode import simnode
+from tests.fixtures.wheels.build import build_node_wheelhouse
 from tests.integration.playbook import ROOT, ansible_playbook
 
 PLAYBOOK = "tests/integration/soak_playbooks/soak.yml"
@@ -55,28 +56,7 @@ def free_port() -> int:
 
 def node_wheelhouse(out: Path) -> Path:
     """torch/cuDNN stand-ins, the stand-in vllm wheel, nvidia-ml-py, pyyaml (and uv)."""
-    try:
-        from tests.fixtures.wheels.build import build_node_wheelhouse
-    except ImportError:  # before the shared builder landed: the same set, built here
-        return _wheelhouse_fallback(out)
     return build_node_wheelhouse(out)
-
-
-def _wheelhouse_fallback(out: Path) -> Path:
-    from tests.fixtures.wheels.build import build_wheel, build_wheelhouse, dist_info_dir
-
-    build_wheelhouse(out)
-    src = ROOT / "tests" / "fixtures" / "vllm_standin" / "src"
-    files = {str(p.relative_to(src)): p.read_bytes() for p in src.rglob("*.py")}
-    files[f"{dist_info_dir('vllm', '0.25.1')}/entry_points.txt"] = "[console_scripts]\nvllm = vllm.cli:main\n"
-    build_wheel("vllm", "0.25.1", files, ["torch==2.11.0", "nvidia-ml-py", "pyyaml"], out)
-    env = {k: v for k, v in os.environ.items() if k not in ("PIP_FIND_LINKS", "PIP_CONSTRAINT")}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    subprocess.run([str(Path(sys.executable)), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "none",
-                    "--platform", "manylinux2014_x86_64", "--platform", "any", "--dest", str(out),
-                    "nvidia-ml-py==13.615.71", "pyyaml==6.0.4"], env=env, check=True, timeout=600)
-    return out
 
 
 INSTALL = """set -e
