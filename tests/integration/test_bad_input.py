@@ -121,6 +121,10 @@ PLAYBOOK_CASES = {
                                               "vllm_fleet_instances", 1),
     "profile-name-unknown-with-path": ({"vllm_fleet_profile_name": "../catalogue/known_issues"},
                                        "is not a profile", 1),
+    # a newline would add a setting to the pip.conf and uv.toml that the install writes (issue 14)
+    "index-url-with-a-newline": ({"vllm_fleet_runtime_offline": False,
+                                  "vllm_fleet_runtime_index_url": "https://pypi.example/simple\nno-index = true"},
+                                 "vllm_fleet_runtime_index_url holds whitespace or a control character", 1),
 }
 
 CLI_CASES = {

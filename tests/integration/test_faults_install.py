@@ -66,14 +66,28 @@ def test_a_full_disk_during_the_install_halts_before_the_node_leaves_traffic(fle
 
 
 def test_an_unreachable_index_halts_the_install_before_anything_changes(fleet):
+    """Its credentials are written only to root-only files uv and pip read: never on a
+    command line (ps, the node's journal records a module's arguments) nor in Ansible's
+    output, even at -vvv; messages show the URL redacted."""
     before = {node: state(fleet, node) for node in NODES}
-    dead_index = "http://127.0.0.1:9/simple"  # discard port: nothing listens
-    run, traffic = rollout(fleet, "--limit", "canary", release=BUMP, profile_=NVFP4,
-                            vllm_fleet_runtime_offline=False, vllm_fleet_runtime_find_links=[],
-                            vllm_fleet_runtime_index_url=dead_index)
+    secret = "s3cret-token-4242"
+    dead_index = f"http://fleet:{secret}@127.0.0.1:9/simple"  # discard port: nothing listens
+    since = node_exec(fleet, "node01", "date +%s")
+    # Control: the journal search below sees what was logged on the node during the run.
+    node_exec(fleet, "node01", "logger -t vllm-fleet-test journal-search-control")
+    run, traffic = rollout(fleet, "--limit", "canary", "-vvv", release=BUMP, profile_=NVFP4,
+                           vllm_fleet_runtime_offline=False, vllm_fleet_runtime_find_links=[],
+                           vllm_fleet_runtime_index_url=dead_index)
 
-    assert_halted_before_any_change(run, traffic, fleet, before, dead_index, f"release {BUMP_ID}")
+    assert_halted_before_any_change(run, traffic, fleet, before, "http://<redacted>@127.0.0.1:9/simple",
+                                    f"release {BUMP_ID}")
     assert BUMP_ID not in staged(fleet, "node01") and not any(s.startswith(".staging") for s in staged(fleet, "node01"))
+    assert secret not in run.output
+    journal = node_exec(fleet, "node01", f"journalctl --no-pager -o cat --since @{since}")
+    assert "journal-search-control" in journal and secret not in journal
+    assert node_exec(fleet, "node01", "stat -c '%a %U' /opt/vllm-fleet/sources /opt/vllm-fleet/sources/uv.toml "
+                                      "/opt/vllm-fleet/sources/pip.conf").splitlines() == ["700 root", "600 root", "600 root"]
+    assert f'index-url = "{dead_index}"' in node_exec(fleet, "node01", "cat /opt/vllm-fleet/sources/uv.toml")
 
     assert_converges(fleet, "--limit", "canary", release=BUMP, profile_=NVFP4,
                      serving={"node01": (BUMP_ID, NVFP4["name"])})
