@@ -14,11 +14,13 @@ The result has the shape of ``cudnn`` in docs/CONTRACTS.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.identity import as_user
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.versions import (
     cudnn_int_to_version,
     release_string,
@@ -171,15 +173,20 @@ def _cudnn_version(run, python: str, script: str, args: list, timeout: int, what
         return None, None, f"{what} printed {out!r}, not a cuDNN version number"
 
 
-def collect_cudnn_facts(venv: str, timeout: int = 60, run=subprocess.run) -> dict:
-    """The cuDNN facts of ``venv`` (docs/CONTRACTS.md); ``timeout`` bounds each probe.
+def collect_cudnn_facts(venv: str, timeout: int = 60, run=subprocess.run, user: str | None = None) -> dict:
+    """The cuDNN facts of ``venv`` (docs/CONTRACTS.md); ``timeout`` bounds each probe, and
+    ``user`` runs them (the venv's code) as that user instead of the caller.
 
     Raises VenvNotFoundError for a path that does not exist and CudnnFactsError for
-    one that is not a usable venv. Failing library or torch probes are reported in
-    ``library_error`` / ``torch_error``, never raised.
+    one that is not a usable venv or a user that cannot run it. Failing library or torch
+    probes are reported in ``library_error`` / ``torch_error``, never raised.
     """
     venv = os.path.abspath(venv)
     python = _venv_python(venv)
+    try:
+        run = functools.partial(run, **as_user(user))
+    except ValueError as exc:
+        raise CudnnFactsError(f"cannot probe venv {venv} as another user: {exc}") from None
     installed = _list_installed(run, python, venv, timeout)
     facts = _facts(venv, python)
 

@@ -44,15 +44,15 @@ def recorded_profile(path: str) -> dict:
 
 
 def read_node_state(root: str, config_dir: str, timeout: int = 60, probe_cudnn: bool = True,
-                    gpu=collect_gpu_facts, cudnn=collect_cudnn_facts) -> tuple[dict, dict]:
+                    gpu=collect_gpu_facts, cudnn=collect_cudnn_facts, user: str | None = None) -> tuple[dict, dict]:
     """(GPU facts, node state) of this node; the GPU facts are gpu_facts' vllm_fleet_gpu.
     Without ``probe_cudnn`` cudnn_current is None: a rollback must not depend on the venv
-    it leaves being able to run."""
+    it leaves being able to run. ``user`` runs the venv's code (cudnn_facts)."""
     current = os.path.join(root, "current")
     cudnn_current = None
     if probe_cudnn:
         try:
-            cudnn_current = cudnn(current, timeout=timeout)
+            cudnn_current = cudnn(current, timeout=timeout, user=user)
         except VenvNotFoundError:  # a node that serves nothing yet
             cudnn_current = absent_venv_facts(current)
     state = {

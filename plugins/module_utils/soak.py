@@ -24,6 +24,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.identity import IdentityError, as_user
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_bench import (
     REFERENCE_CONCURRENCY,
     REFERENCE_INPUT_LEN,
@@ -274,10 +275,16 @@ class SoakConfig:
     confidence: float = 0.95
     journal_patterns: list = field(default_factory=lambda: list(DEFAULT_JOURNAL_PATTERNS))
     api_key: str | None = None
+    # Who runs the release's `vllm bench serve` (third-party code): never the root that runs the soak.
+    run_as: str | None = None
 
     def validate(self) -> None:
         if not self.unit:
             raise SoakConfigError("unit is empty: name the serving unit, e.g. vllm@gpu0")
+        try:
+            as_user(self.run_as)
+        except IdentityError as exc:
+            raise SoakConfigError(f"run_as: {exc}") from None
         if self.duration_s <= 0:
             raise SoakConfigError(f"duration_s must be > 0, got {self.duration_s}")
         if self.min_duration_s > self.duration_s:

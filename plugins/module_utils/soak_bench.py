@@ -14,6 +14,8 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.identity import as_user
+
 if TYPE_CHECKING:  # the runner's config; soak imports this module
     from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import SoakConfig
 
@@ -153,7 +155,10 @@ class BenchLoad:
         return env
 
     def start(self) -> None:
+        identity = as_user(self.cfg.run_as)  # checked by SoakConfig.validate
         os.makedirs(self.dir, exist_ok=True)
+        if identity:  # the bench writes its results here
+            os.chown(self.dir, identity["user"], identity["group"])
         self.index += 1
         name = f"run-{self.index:03d}"
         n = self.cfg.num_prompts or next_num_prompts(
@@ -164,7 +169,7 @@ class BenchLoad:
         self._current = (name, os.path.join(self.dir, f"{name}.raw.json"))
         try:
             self.proc = self._popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=self.env(), close_fds=True)
+                                    env=self.env(), close_fds=True, **identity)
         except OSError as exc:
             self._log.close()
             self.proc = None

@@ -42,6 +42,13 @@ options:
         instead of failing the task (for example before the first release).
     type: bool
     default: false
+  run_as:
+    description:
+      - Run the probes (the venv's own Python, third-party code) as this user, with its
+        own group and no other, instead of as the user that runs the module (root).
+      - The user must exist and be able to read the venv; the module must run as root
+        to switch.
+    type: str
 requirements:
   - packaging (the Python library) on the target's Python interpreter
 notes:
@@ -201,6 +208,7 @@ ARGUMENT_SPEC = dict(
     venv=dict(type="path", required=True),
     timeout=dict(type="int", default=60),
     missing_ok=dict(type="bool", default=False),
+    run_as=dict(type="str"),
 )
 
 
@@ -213,7 +221,7 @@ def main():
         module.fail_json(msg=f"timeout must be a positive number of seconds, not {timeout}")
 
     try:
-        facts = collect_cudnn_facts(venv, timeout=timeout)
+        facts = collect_cudnn_facts(venv, timeout=timeout, user=module.params["run_as"])
     except VenvNotFoundError as exc:
         if not module.params["missing_ok"]:
             module.fail_json(

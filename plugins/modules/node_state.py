@@ -37,6 +37,11 @@ options:
     description: Seconds each cuDNN probe subprocess may take.
     type: int
     default: 60
+  run_as:
+    description:
+      - Run the cuDNN probes (the release's own Python, third-party code) as this user instead of
+        as the user that runs the module (root); see M(vllm_fleet.fleet.cudnn_facts).
+    type: str
 requirements:
   - packaging (the Python library) on the target's Python interpreter
   - nvidia-ml-py for the GPU facts (without it they say why, the task does not fail)
@@ -116,6 +121,7 @@ def main():
             config_dir=dict(type="path", required=True),
             cudnn=dict(type="bool", default=True),
             timeout=dict(type="int", default=60),
+            run_as=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -126,7 +132,7 @@ def main():
         module.fail_json(msg=f"timeout must be a positive number of seconds, not {params['timeout']}")
     try:
         gpu, state = read_node_state(params["root"], params["config_dir"], timeout=params["timeout"],
-                                     probe_cudnn=params["cudnn"])
+                                     probe_cudnn=params["cudnn"], user=params["run_as"])
     except (CudnnFactsError, NodeStateError) as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, ansible_facts={"vllm_fleet_gpu": gpu, "vllm_fleet_node_state": state})

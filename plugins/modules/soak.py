@@ -165,6 +165,12 @@ options:
   api_key:
     description: The server's API key, given to the load generator as C(OPENAI_API_KEY) (never on a command line).
     type: str
+  run_as:
+    description:
+      - Run the load generator (the release's C(vllm bench serve), third-party code) as this user, with its own
+        group and no other, instead of as the user that runs the module (root). It must exist and be able to read
+        the release and the model's tokenizer; C(<state_dir>/bench) is given to it for the results.
+    type: str
   state_dir:
     description:
       - Where the soak writes C(progress.jsonl), C(verdict.json) and C(bench/) (each load
@@ -365,6 +371,7 @@ OPTIONS = dict(
     confidence=dict(type="float", default=0.95),
     journal_patterns=dict(type="list", elements="str", default=list(DEFAULT_JOURNAL_PATTERNS)),
     api_key=dict(type="str", no_log=True),
+    run_as=dict(type="str"),
     state_dir=dict(type="path", required=True),
     fail_on_verdict=dict(type="bool", default=True),
 )

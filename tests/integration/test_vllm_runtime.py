@@ -159,6 +159,29 @@ def test_release_with_cudnn_override_installs_verifies_and_is_idempotent(node, w
             f" | vllm: changed lib/python3.11/site-packages/vllm/__init__.py") in flat(run.output), run.output[-3000:]
 
 
+def test_the_role_never_starts_a_releases_python_as_root(node, wheelhouse, tmp_path):
+    """A .pth in site-packages runs at every start of the release's Python, the way a
+    malicious wheel's would: here it records the uid. The role's probes (cuDNN, vllm
+    --version) must all be vllm_fleet_probe_user's (nobody), never root's."""
+    node, inventory = node
+    copy_wheelhouse(node, wheelhouse)
+    run, _ = run_role(inventory, tmp_path)
+    assert run.rc == 0, run.output[-4000:]
+    site = f"{RELEASE}/lib/python3.11/site-packages"
+    sh(node, "install -m 0666 /dev/null /tmp/starts")
+    sh(node, f"echo 'import os; open(\"/tmp/starts\", \"a\").write(str(os.getuid()) + chr(10))' > {site}/zz-who.pth")
+    # Control: the hook records a start, here root's (once per site-packages path: lib and lib64).
+    sh(node, f"{RELEASE}/bin/python -c pass")
+    assert set(sh(node, "cat /tmp/starts").split()) == {"0"}
+    sh(node, "truncate -s 0 /tmp/starts")
+
+    run, _ = run_role(inventory, tmp_path)
+    # The re-hash after the probes finds the .pth: drift, as it should.
+    assert run.rc != 0 and "added lib/python3.11/site-packages/zz-who.pth" in flat(run.output), run.output[-3000:]
+    starts = sh(node, "cat /tmp/starts").split()
+    assert starts and set(starts) == {"65534"}, starts  # cudnn_facts' three probes and vllm --version: nobody
+
+
 def test_missing_cudnn_fails_clearly_and_leaves_serving_alone(node, wheelhouse_without_new_cudnn, tmp_path):
     node, inventory = node
     copy_wheelhouse(node, wheelhouse_without_new_cudnn)

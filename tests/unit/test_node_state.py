@@ -20,8 +20,8 @@ def gpu():
     return {"available": True, "device_count": 1}
 
 
-def cudnn_ok(venv, timeout):
-    return {"venv": venv, "status": "ok", "timeout": timeout}
+def cudnn_ok(venv, timeout, user=None):
+    return {"venv": venv, "status": "ok", "timeout": timeout, "user": user}
 
 
 def tree(tmp_path, current=None, known_good=None):
@@ -48,15 +48,16 @@ def test_a_serving_node_reports_its_links_and_profiles(tmp_path):
     root, config = tree(tmp_path, current=RELEASE, known_good=OLD)
     (config / "profile.json").write_text(json.dumps(PROFILE))
     (config / "known-good" / "profile.json").write_text(json.dumps({**PROFILE, "name": "fp8"}))
-    _, state = read_node_state(str(root), str(config), timeout=7, gpu=gpu, cudnn=cudnn_ok)
-    assert state["cudnn_current"] == {"venv": str(root / "current"), "status": "ok", "timeout": 7}
+    _, state = read_node_state(str(root), str(config), timeout=7, gpu=gpu, cudnn=cudnn_ok, user="nobody")
+    # The release's Python runs as the user asked for (cudnn_facts switches to it).
+    assert state["cudnn_current"] == {"venv": str(root / "current"), "status": "ok", "timeout": 7, "user": "nobody"}
     assert state["links"] == {"current": RELEASE, "known_good": OLD}
     assert state["profile"] == PROFILE
     assert state["known_good_profile"]["name"] == "fp8"
 
 
 def test_without_the_cudnn_probe_the_venv_is_not_run(tmp_path):
-    def refuse(venv, timeout):
+    def refuse(venv, timeout, user=None):
         raise AssertionError(f"probed {venv}")
 
     root, config = tree(tmp_path, current=RELEASE, known_good=RELEASE)
