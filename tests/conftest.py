@@ -11,7 +11,7 @@ LONGEST_FIRST = ("tests/integration/test_faults.py", "tests/integration/test_vll
                  "tests/integration/test_faults_install.py", "tests/integration/test_faults_late.py",
                  "tests/integration/test_rollout.py", "tests/molecule/test_molecule.py",
                  "tests/integration/test_notify.py", "tests/integration/test_collection_install.py",
-                 "tests/integration/test_lb_reload.py",
+                 "tests/integration/test_lb_reload.py", "tests/integration/test_rotation.py",
                  "tests/integration/test_preflight.py", "tests/integration/test_bad_input.py",
                  "tests/integration/test_rollout_lock.py", "tests/integration/test_vllm_runtime.py",
                  "tests/integration/test_coredump.py")

@@ -100,12 +100,20 @@ def _write_atomic(path: str, data: bytes, attrs: Attrs) -> None:
         raise
 
 
-def _content(entry: dict, what: str) -> bytes:
+KEEP = object()  # a missing source whose entry says ``if_src_missing: keep``: leave the file as it is
+
+
+def _content(entry: dict, what: str):
+    """The bytes the file must hold; None: it must not exist (a missing source whose entry
+    says ``if_src_missing: remove``, so a copy of "no such file" is no file); KEEP."""
     if ("content" in entry and entry["content"] is not None) == bool(entry.get("src")):
         raise ConfigFilesError(f"{what}: give exactly one of content and src")
     if entry.get("src"):
         data = _read(entry["src"])
-        if data is None:
+        missing = entry.get("if_src_missing", "fail")
+        if data is None and missing == "keep":
+            return KEEP
+        if data is None and missing != "remove":
             raise ConfigFilesError(f"{what}: its source {entry['src']} does not exist on the node")
         return data
     content = entry["content"]
@@ -117,7 +125,7 @@ def apply(directories: list[dict] | None = None, files: list[dict] | None = None
     """Make the node hold ``directories`` and ``files`` and not ``absent``; returns the paths
     changed (in check mode: that would change). Everything is checked (modes, users, sources)
     before the first write, so bad input changes nothing."""
-    directories, files, absent = directories or [], files or [], absent or []
+    directories, files, absent = directories or [], files or [], list(absent or [])
     planned_dirs = [(d["path"], _attrs(d, f"directory {d.get('path')}", check)) for d in directories]
     planned_files = [(f["path"], _attrs(f, f"file {f.get('path')}", check), _content(f, f"file {f.get('path')}"))
                      for f in files]
@@ -131,7 +139,11 @@ def apply(directories: list[dict] | None = None, files: list[dict] | None = None
         elif _set_attrs(path, attrs, check):
             changed.append(path)
     for path, attrs, data in planned_files:
-        if _read(path) != data:
+        if data is KEEP:
+            continue
+        if data is None:
+            absent.append(path)
+        elif _read(path) != data:
             changed.append(path)
             if not check:
                 _write_atomic(path, data, attrs)

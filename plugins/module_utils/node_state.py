@@ -29,17 +29,17 @@ def link_target(path: str) -> str:
     return os.path.basename(os.path.realpath(path)) if os.path.islink(path) else ""
 
 
-def recorded_profile(path: str) -> dict:
-    """The profile recorded at ``path`` ({} when there is none yet)."""
+def recorded(path: str, what: str = "a recorded profile") -> dict:
+    """The JSON object recorded at ``path`` ({} when there is none yet)."""
     try:
         with open(path, encoding="utf-8") as handle:
             profile = json.load(handle)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise NodeStateError(f"{path} cannot be read as a recorded profile: {exc}") from exc
+        raise NodeStateError(f"{path} cannot be read as {what}: {exc}") from exc
     if not isinstance(profile, dict):
-        raise NodeStateError(f"{path} holds {type(profile).__name__}, not a recorded profile (a JSON object)")
+        raise NodeStateError(f"{path} holds {type(profile).__name__}, not {what} (a JSON object)")
     return profile
 
 
@@ -58,7 +58,10 @@ def read_node_state(root: str, config_dir: str, timeout: int = 60, probe_cudnn: 
     state = {
         "cudnn_current": cudnn_current,
         "links": {name: link_target(os.path.join(root, link)) for name, link in LINKS.items()},
-        "profile": recorded_profile(os.path.join(config_dir, "profile.json")),
-        "known_good_profile": recorded_profile(os.path.join(config_dir, "known-good", "profile.json")),
+        "profile": recorded(os.path.join(config_dir, "profile.json")),
+        "known_good_profile": recorded(os.path.join(config_dir, "known-good", "profile.json")),
+        # vllm_service's record of the configuration known-good passed with (config_fingerprint).
+        "known_good_fingerprint": recorded(os.path.join(config_dir, "known-good", "fingerprint.json"),
+                                           "a recorded configuration fingerprint"),
     }
     return gpu(), state

@@ -41,6 +41,14 @@ options:
       path: {description: The file; its directory must exist or be in O(directories)., type: path, required: true}
       content: {description: What it holds (never logged)., type: str}
       src: {description: A file on the node to copy it from., type: path}
+      if_src_missing:
+        description:
+          - What a missing O(files[].src) means. V(fail) stops before any change; V(remove) makes the
+            file absent too (a copy of an optional file, such as an API key that is not always set);
+            V(keep) leaves the file as it is (a copy that older records do not hold).
+        type: str
+        choices: [fail, remove, keep]
+        default: fail
       owner: {description: Its owner (a user name)., type: str, required: true}
       group: {description: Its group (a group name)., type: str, required: true}
       mode: {description: "Its mode: four octal digits, quoted (V('0640')).", type: str, required: true}
@@ -100,7 +108,9 @@ def main():
             # list of dicts: a task that writes a secret sets no_log itself (vllm_service does).
             files=dict(type="list", elements="dict", default=[],
                        options=dict(path=dict(type="path", required=True), content=dict(type="str", no_log=True),
-                                    src=dict(type="path"), **_ATTRS),
+                                    src=dict(type="path"),
+                                    if_src_missing=dict(type="str", choices=["fail", "remove", "keep"], default="fail"),
+                                    **_ATTRS),
                        mutually_exclusive=[("content", "src")], required_one_of=[("content", "src")]),
             absent=dict(type="list", elements="path", default=[]),
         ),

@@ -96,6 +96,12 @@ ansible_facts:
         known_good_profile:
           description: The profile the known-good release passed with, V({}) when none is recorded.
           type: dict
+        known_good_fingerprint:
+          description:
+            - The fingerprint of the configuration the known-good release passed with
+              (C(known-good/fingerprint.json), see C(vllm_fleet.fleet.config_fingerprint)), V({}) when
+              none is recorded. Digests only, never the API key.
+          type: dict
 """
 
 import traceback

@@ -125,6 +125,12 @@ PLAYBOOK_CASES = {
     "index-url-with-a-newline": ({"vllm_fleet_runtime_offline": False,
                                   "vllm_fleet_runtime_index_url": "https://pypi.example/simple\nno-index = true"},
                                  "vllm_fleet_runtime_index_url holds whitespace or a control character", 1),
+    # a rotation's window (docs/SECURITY.md): the old keys stay accepted beside the new one
+    "retiring-keys-without-a-key": ({"vllm_fleet_service_api_key_retiring": ["old-key-0123456789abcdef"]},
+                                    "vllm_fleet_service_api_key_retiring needs vllm_fleet_service_api_key", 1),
+    "retiring-key-is-the-key": ({"vllm_fleet_service_api_key": "same-key-0123456789abcdef",
+                                 "vllm_fleet_service_api_key_retiring": ["ok-old-key-0123456789", "same-key-0123456789abcdef"]},
+                                "vllm_fleet_service_api_key_retiring: key 2 (counted from 1)", 1),
 }
 
 CLI_CASES = {

@@ -255,9 +255,14 @@ def test_the_api_key_reaches_vllm_only_through_its_root_only_file(served):
     denied = served.node.exec(f"setpriv --reuid=vllm --regid=vllm --init-groups cat {KEY_FILE}")
     assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied
     assert with_key(served.sh(f"cat {KEY_FILE}")) == [f'VLLM_API_KEY="{KEY}"']
-    # The only file that holds it (the pattern goes to grep on stdin, not on its command line).
+    # The only files that hold it (the pattern goes to grep on stdin, not on its command line):
+    # the file and its copy kept with the known-good release, which rollback puts back.
+    kept = "/etc/vllm-fleet/known-good/api-key.env"
     found = served.node.exec(f"grep -rlsF -D skip -f - {WRITABLE}", input=f"{KEY}\n")
-    assert found.stdout.split() == [KEY_FILE], found
+    assert sorted(found.stdout.split()) == sorted([KEY_FILE, kept]), found
+    assert served.sh(f"stat -c '%U:%G %a' {kept}") == "root:root 600"
+    denied = served.node.exec(f"setpriv --reuid=vllm --regid=vllm --init-groups cat {kept}")
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied
 
     # In each instance's environment, as systemd handed it over (the container's root lacks
     # CAP_SYS_PTRACE: the vllm user reads its own); on no process's command line.

@@ -57,6 +57,23 @@ def test_copies_from_a_file_on_the_node_and_removes_absent_paths(tmp_path):
     assert (kept / "gpu0.yaml").read_text() == "served\n" and not (tmp_path / "gpu1.yaml").exists()
 
 
+def test_a_copy_of_a_missing_optional_file_removes_the_copy(tmp_path):
+    """if_src_missing: remove. A known-good copy of an API key file that is no longer
+    written, and a rollback of a configuration that had no key, both end with no file."""
+    source, copy = tmp_path / "api-key.env", tmp_path / "known-good-api-key.env"
+    optional = {**entry(copy, "0600", src=str(source)), "if_src_missing": "remove"}
+    source.write_text("VLLM_API_KEY=x\n")
+    assert apply(files=[optional]) == [str(copy)] and copy.read_text() == "VLLM_API_KEY=x\n"
+    source.unlink()
+    assert apply(files=[optional], check=True) == [str(copy)] and copy.exists()
+    assert apply(files=[optional]) == [str(copy)] and not copy.exists()
+    assert apply(files=[optional]) == []  # nothing to copy, nothing there: no change
+    with pytest.raises(ConfigFilesError, match="does not exist on the node"):  # the default still fails
+        apply(files=[entry(copy, src=str(source))])
+    copy.write_text("kept\n")  # if_src_missing: keep leaves the file alone
+    assert apply(files=[{**optional, "if_src_missing": "keep"}]) == [] and copy.read_text() == "kept\n"
+
+
 def test_check_mode_reports_and_writes_nothing(tmp_path):
     target = tmp_path / "d" / "f"
     assert apply([entry(tmp_path / "d", "0750")], [entry(target, content="x")], check=True) == \

@@ -80,6 +80,20 @@ def test_a_broken_recorded_profile_is_named(tmp_path, content, why):
         read_node_state(str(root), str(config), gpu=gpu, cudnn=cudnn_ok)
 
 
+def test_the_recorded_fingerprint_is_read_and_a_broken_one_named(tmp_path):
+    root, config = tree(tmp_path, current=RELEASE, known_good=RELEASE)
+    _, state = read_node_state(str(root), str(config), gpu=gpu, cudnn=cudnn_ok)
+    assert state["known_good_fingerprint"] == {}  # none recorded yet
+    (config / "known-good").mkdir(exist_ok=True)
+    record = {"version": 1, "salt": "ab" * 16, "files": {"/etc/vllm-fleet/gpu0.yaml": "sha256:00"}}
+    (config / "known-good" / "fingerprint.json").write_text(json.dumps(record))
+    _, state = read_node_state(str(root), str(config), gpu=gpu, cudnn=cudnn_ok)
+    assert state["known_good_fingerprint"] == record
+    (config / "known-good" / "fingerprint.json").write_text("[]")
+    with pytest.raises(NodeStateError, match="holds list, not a recorded configuration fingerprint"):
+        read_node_state(str(root), str(config), gpu=gpu, cudnn=cudnn_ok)
+
+
 def run_module(args: str):
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1"}
     proc = subprocess.run(

@@ -497,6 +497,14 @@ def test_api_key_is_enforced_and_never_printed(gpu, tmp_path, how):
         assert key not in node.stderr() + node.stdout()
 
 
+def test_several_keys_given_as_the_flag_are_each_accepted_and_override_the_environment(gpu, tmp_path):
+    """A rotation's window: --api-key NEW OLD (vLLM's list), VLLM_API_KEY ignored beside it."""
+    new, old, env_key = "sk-standin-new-1", "sk-standin-old-2", "sk-standin-env-3"
+    with serve(gpu, tmp_path, "--api-key", new, old, env={"VLLM_API_KEY": env_key}) as node:
+        for key, status in ((new, 200), (old, 200), (env_key, 401), ("wrong", 401)):
+            assert node.get("/v1/models", headers={"Authorization": f"Bearer {key}"})[0] == status, key
+
+
 def test_crash_on_sm120_with_old_cudnn(gpu, tmp_path):
     with serve(gpu, tmp_path, cudnn=91900, env={"VLLM_STANDIN_MEAN_STEPS_TO_CRASH": "5"}) as node:
         assert "cuDNN 91900 as loaded by torch, CUDA graphs on" in node.stderr()
