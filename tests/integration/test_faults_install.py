@@ -72,21 +72,27 @@ def test_an_unreachable_index_halts_the_install_before_anything_changes(fleet):
     before = {node: state(fleet, node) for node in NODES}
     secret = "s3cret-token-4242"
     dead_index = f"http://fleet:{secret}@127.0.0.1:9/simple"  # discard port: nothing listens
+    # A credential in vllm_fleet_runtime_environment too (uv's form for a named index's password).
+    env_secret = "env-s3cret-2424"
     since = node_exec(fleet, "node01", "date +%s")
     # Control: the journal search below sees what was logged on the node during the run.
     node_exec(fleet, "node01", "logger -t vllm-fleet-test journal-search-control")
     run, traffic = rollout(fleet, "--limit", "canary", "-vvv", release=BUMP, profile_=NVFP4,
                            vllm_fleet_runtime_offline=False, vllm_fleet_runtime_find_links=[],
-                           vllm_fleet_runtime_index_url=dead_index)
+                           vllm_fleet_runtime_index_url=dead_index,
+                           vllm_fleet_runtime_environment={"UV_INDEX_FLEET_PASSWORD": env_secret})
 
     assert_halted_before_any_change(run, traffic, fleet, before, "http://<redacted>@127.0.0.1:9/simple",
                                     f"release {BUMP_ID}")
     assert BUMP_ID not in staged(fleet, "node01") and not any(s.startswith(".staging") for s in staged(fleet, "node01"))
-    assert secret not in run.output
+    # -vvv prints each task's remote command line, where `environment:` values would be.
+    assert "EXEC" in run.output and secret not in run.output and env_secret not in run.output
     journal = node_exec(fleet, "node01", f"journalctl --no-pager -o cat --since @{since}")
-    assert "journal-search-control" in journal and secret not in journal
+    assert "journal-search-control" in journal and secret not in journal and env_secret not in journal
     assert node_exec(fleet, "node01", "stat -c '%a %U' /opt/vllm-fleet/sources /opt/vllm-fleet/sources/uv.toml "
-                                      "/opt/vllm-fleet/sources/pip.conf").splitlines() == ["700 root", "600 root", "600 root"]
+                                      "/opt/vllm-fleet/sources/pip.conf /opt/vllm-fleet/sources/environment.json"
+                     ).splitlines() == ["700 root", "600 root", "600 root", "600 root"]
+    assert env_secret in node_exec(fleet, "node01", "cat /opt/vllm-fleet/sources/environment.json")
     assert f'index-url = "{dead_index}"' in node_exec(fleet, "node01", "cat /opt/vllm-fleet/sources/uv.toml")
 
     assert_converges(fleet, "--limit", "canary", release=BUMP, profile_=NVFP4,
