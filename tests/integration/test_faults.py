@@ -158,37 +158,6 @@ def test_a_node_unreachable_midway_halts_the_rollout_and_a_rerun_finishes_it(fle
     assert (report(fleet, "node01")["status"], report(fleet, "node02")["status"]) == ("skipped", "upgraded")
 
 
-def test_a_node_lost_after_its_drain_is_reported_where_it_stands_and_a_rerun_converges(fleet):
-    """The canary paused during its own soak (after its drain): its soak's poll finds it
-    gone, the turn fails, the rescue cannot roll it back and reports where it stands in
-    HAProxy (still drained: clients never reach it), the lock is released, the rollout
-    halts. Unpaused, the re-run stops the soak it left and takes it through its turn."""
-    target = seqs(68)
-    pause = ["podman", "pause", fleet.prefix + "node01"]
-    try:
-        with during_the_next_soak(fleet, "node01", lambda: subprocess.run(pause, check=True, timeout=60)):
-            run, traffic = rollout(fleet, "--limit", "canary", release=FIXED, profile_=target)
-        lost_lb = fleet.lb_servers()["node01"]
-    finally:
-        subprocess.run(["podman", "unpause", fleet.prefix + "node01"], timeout=60)
-
-    assert run.rc != 0
-    said = " ".join(run.output.split())
-    assert "rollout halted at node01" in said and "stopped answering during the soak of gpu0" in said, said[-4000:]
-    assert "then the node stopped answering, so it was not rolled back; in HAProxy vllm/node01 DRAIN" in said
-    assert "look at it before running again" in said
-    canary = report(fleet, "node01")
-    assert canary["status"] == "failed" and "in HAProxy vllm/node01 DRAIN" in canary["message"], canary
-    assert {"drained", "configured", "ready"} <= set(canary["marks"]) and "returned" not in canary["marks"]
-    assert lost_lb["admin"] == "DRAIN"  # left out of traffic, as reported
-    assert traffic.most_drained == 1
-    traffic.assert_clean()  # drained before it was lost: no client met it
-    assert not (fleet.directory / "rollout.lock").exists()  # the lease went with the failed play
-
-    assert_converges(fleet, "--limit", "canary", release=FIXED, profile_=target,
-                     serving={"node01": (FIXED_ID, "nvfp4-seqs-68")})
-
-
 def test_a_wedge_during_the_canary_soak_fails_the_gate_and_a_rerun_passes(fleet, tmp_path):
     target = seqs(64)
     before = state(fleet, "node01")

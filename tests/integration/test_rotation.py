@@ -4,6 +4,8 @@ noticing (docs/SECURITY.md, "Rotating the API key"; issue 14 item 2).
 On a fleet of two nodes of its own, serving the fixed release with the NVFP4 profile and
 the key OLD, clients on OLD through HAProxy the whole time:
 - a re-run with nothing changed skips both nodes (the fingerprint matches);
+- a canary turn that fails inside the window is rolled back to the old key and unit, its
+  readiness probed with the key it takes;
 - opening the window (NEW, OLD still accepted) with a unit change in the same run gives each
   node a turn although its release and profile are the same: drained, restarted on the new
   unit (systemd reloaded before the start), soaked, returned; both keys answer; 0 failed,
@@ -38,11 +40,11 @@ def fleet(node_image, tmp_path_factory):
         yield sim
 
 
-def rollout(sim: SimFleet, client_key: str, **keys):
+def rollout(sim: SimFleet, client_key: str, *args: str, **keys):
     """rollout.yml on the same release and profile, clients on client_key throughout."""
     clear_reports(sim)
     with Traffic(sim, SERVED, workers=2, api_key=client_key) as traffic:
-        run = play(sim, "rollout.yml", release=FIXED, profile_=NVFP4, accept=[EXIT0], **keys)
+        run = play(sim, "rollout.yml", *args, release=FIXED, profile_=NVFP4, accept=[EXIT0], **keys)
     return run, traffic
 
 
@@ -78,9 +80,20 @@ def test_a_new_key_and_unit_are_rolled_node_by_node_and_the_old_key_retired(flee
     assert statuses(fleet) == ["skipped", "skipped"]  # converged: nothing drifted
     traffic.assert_clean()
 
-    # Open the window, and change the unit in the same run.
     window = {"vllm_fleet_service_api_key": NEW, "vllm_fleet_service_api_key_retiring": [OLD],
               "vllm_fleet_service_restart_sec": 3}
+
+    # The canary's turn fails inside the window (a baseline no node meets): it is rolled back
+    # to the configuration it passed with, old key and old unit included, and its readiness
+    # probes find the key it takes (OLD). Clients on OLD never notice.
+    run, traffic = rollout(fleet, OLD, "--limit", "canary", **window,
+                           vllm_fleet_soak_baseline={"total_token_throughput": 10 ** 9})
+    assert run.rc != 0 and report(fleet, "node01")["status"] == "rolled_back", run.output[-4000:]
+    assert (status_with(fleet, "node01", OLD), status_with(fleet, "node01", NEW)) == (200, 401)
+    assert (unit(fleet, "node01", "RestartUSec"), unit(fleet, "node01", "NeedDaemonReload")) == ("1s", "no")
+    traffic.assert_clean()
+
+    # Open the window, and change the unit in the same run.
     run, traffic = rollout(fleet, OLD, **window)
     assert run.rc == 0, run.output[-4000:]
     assert statuses(fleet) == ["upgraded", "upgraded"]
