@@ -41,6 +41,7 @@ class CallbackModule(CallbackBase):
         super().__init__()
         self.node, self.controller = Counter(), Counter()
         self.actions: dict[str, Counter] = {}
+        self.tasks: dict[str, Counter] = {}  # per node, the tasks that made them: where to look for savings
 
     def _count(self, result, item: bool = False):
         task = result._task
@@ -55,6 +56,7 @@ class CallbackModule(CallbackBase):
         else:
             self.node[host] += 1
             self.actions.setdefault(host, Counter())[action] += 1
+            self.tasks.setdefault(host, Counter())[task.get_name()] += 1
 
     def v2_runner_on_ok(self, result):
         self._count(result)
@@ -79,4 +81,5 @@ class CallbackModule(CallbackBase):
         if path:
             with open(path, "w", encoding="utf-8") as out:
                 json.dump({"node": self.node, "controller": self.controller,
-                           "actions": {h: dict(c) for h, c in self.actions.items()}}, out, indent=1)
+                           "actions": {h: dict(c) for h, c in self.actions.items()},
+                           "tasks": {h: dict(c) for h, c in self.tasks.items()}}, out, indent=1)

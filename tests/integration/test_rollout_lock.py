@@ -73,7 +73,7 @@ def test_a_second_rollout_is_refused_at_once_naming_the_first_which_proceeds(fle
                      f"controller {lease['controller']}", f"pid {first.pid}", f"taken {lease['started']}",
                      "Nothing was changed"):
             assert word in second.output, (word, second.output[-4000:])
-        assert "PLAY [Preflight every targeted node]" not in second.output  # refused in the opening play
+        assert "PLAY [Preflight every targeted node and decide which need a turn]" not in second.output  # refused in the opening play
         assert first.poll() is None, "the first run ended before the second was refused: no concurrency shown"
         after = json.loads(lease_path(fleet).read_text())
         assert (after["holder"], after["started"]) == (lease["holder"], lease["started"])  # the refusal left it alone
