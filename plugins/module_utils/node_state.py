@@ -2,8 +2,9 @@
 # Copyright: vllm-fleet contributors
 # Apache License 2.0 (see galaxy.yml)
 """One read of what a node is and serves: its GPU, the cuDNN of the serving release, where
-`current` and `known-good` point, and the profiles recorded with them. A rollout reads it
-once per node and judges, selects and skips from it (the node_state module)."""
+`current` and `known-good` point, the profiles recorded with them and any soak an
+interrupted rollout left running. A rollout reads it once per node and judges, selects and
+skips from it (the node_state module)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from ansible_collections.vllm_fleet.fleet.plugins.module_utils.cudnn import (
     collect_cudnn_facts,
 )
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.gpu import collect_gpu_facts
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stop import orphans
 
 # The links under the root, named as the state reports them.
 LINKS = {"current": "current", "known_good": "known-good"}
@@ -63,5 +65,8 @@ def read_node_state(root: str, config_dir: str, timeout: int = 60, probe_cudnn: 
         # vllm_service's record of the configuration known-good passed with (config_fingerprint).
         "known_good_fingerprint": recorded(os.path.join(config_dir, "known-good", "fingerprint.json"),
                                            "a recorded configuration fingerprint"),
+        # Where the soak module writes (soak_gate: <root>/current/soak/<run>-<instance>); a
+        # rollout's turn stops these (soak_stop) only when there are any.
+        "soaks_left": orphans(os.path.join(current, "soak")),
     }
     return gpu(), state

@@ -102,6 +102,13 @@ ansible_facts:
               (C(known-good/fingerprint.json), see C(vllm_fleet.fleet.config_fingerprint)), V({}) when
               none is recorded. Digests only, never the API key.
           type: dict
+        soaks_left:
+          description:
+            - The soaks under C(<root>/current/soak) that an interrupted rollout left running (no verdict, their
+              writer alive), as M(vllm_fleet.fleet.soak_stop) finds them; V([]) when none.
+          type: list
+          elements: dict
+          sample: [{"state_dir": "/opt/vllm-fleet/current/soak/20261204T120000Z-gpu0", "pid": 4242, "elapsed_s": 31.5}]
 """
 
 import traceback

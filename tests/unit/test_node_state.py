@@ -42,6 +42,7 @@ def test_a_node_that_serves_nothing_yet(tmp_path):
     assert state["cudnn_current"]["status"] == "no_venv"
     assert state["links"] == {"current": "", "known_good": ""}
     assert state["profile"] == {} and state["known_good_profile"] == {}
+    assert state["soaks_left"] == []
 
 
 def test_a_serving_node_reports_its_links_and_profiles(tmp_path):
@@ -120,3 +121,22 @@ def test_module_names_the_broken_file_and_a_bad_timeout(tmp_path):
     assert rc != 0 and str(config / "known-good" / "profile.json") in result["msg"]
     rc, result = run_module(f"root={root} config_dir={config} timeout=0")
     assert rc != 0 and result["msg"] == "timeout must be a positive number of seconds, not 0"
+
+
+def test_a_soak_an_interrupted_rollout_left_running_is_reported(tmp_path):
+    """A run directory under current/soak whose progress names a live soak and has no verdict
+    (soak_stop's orphans): the turn stops it only when the read reports one."""
+    root, config = tree(tmp_path, current=RELEASE)
+    state_dir = root / "releases" / RELEASE / "soak" / "20261204T120000Z-gpu0"
+    state_dir.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "vllm_fleet.fleet.soak"])
+    try:
+        (state_dir / "progress.jsonl").write_text(json.dumps({"pid": proc.pid, "elapsed_s": 4.0}) + "\n")
+        _, state = read_node_state(str(root), str(config), gpu=gpu, cudnn=cudnn_ok)
+        assert state["soaks_left"] == [{"state_dir": str(root / "current" / "soak" / state_dir.name),
+                                        "pid": proc.pid, "elapsed_s": 4.0}]
+        (state_dir / "verdict.json").write_text('{"passed": true}\n')  # finished: nothing left
+        assert read_node_state(str(root), str(config), gpu=gpu, cudnn=cudnn_ok)[1]["soaks_left"] == []
+    finally:
+        proc.kill()
+        proc.wait()
