@@ -17,10 +17,9 @@ from __future__ import annotations
 import functools
 import json
 import os
-import signal
 import subprocess
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.identity import as_user
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.identity import as_user, last_line, run_probe
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.versions import (
     cudnn_int_to_version,
     release_string,
@@ -58,9 +57,6 @@ _TORCH_PROBE = """
 import json, torch
 print(json.dumps(torch.backends.cudnn.version()))
 """
-
-# Enough of a traceback's last line to name the error, not a whole sys.path.
-_MAX_ERROR = 400
 
 
 class CudnnFactsError(Exception):
@@ -119,31 +115,12 @@ def _venv_python(venv: str) -> str:
     return python
 
 
-def _last_line(text: str, limit: int | None = _MAX_ERROR) -> str:
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[-1][:limit] if lines else "no output"
-
-
 def _probe(run, python: str, script: str, args: list, timeout: int, what: str):
     """Run one probe; returns (last line of stdout, None) or (None, error sentence)."""
     # -I: no PYTHON* variables, no user site, no cwd on sys.path; only the venv answers.
-    cmd = [python, "-I", "-c", script, *args]
-    try:
-        proc = run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"{what} timed out after {timeout}s"
-    except OSError as exc:
-        return None, f"{what} could not run {python}: {exc}"
-    if proc.returncode < 0:
-        try:
-            name = signal.Signals(-proc.returncode).name
-        except ValueError:
-            name = f"signal {-proc.returncode}"
-        return None, f"{what} was killed by {name}: {_last_line(proc.stderr)}"
-    if proc.returncode != 0:
-        return None, f"{what} failed (exit status {proc.returncode}): {_last_line(proc.stderr)}"
+    out, error = run_probe(run, [python, "-I", "-c", script, *args], timeout, what)
     # Whole: the listing's JSON grows with the venv's path (only error text is cut short).
-    return _last_line(proc.stdout, limit=None), None
+    return (None, error) if error else (last_line(out, limit=None), None)
 
 
 def _list_installed(run, python: str, venv: str, timeout: int) -> dict:

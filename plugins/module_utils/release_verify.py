@@ -13,6 +13,10 @@ reference. What it checks:
   against the dist that owns the directory it lies in. Byte code (``__pycache__``, which
   Python writes on import) and the files ``uv venv`` itself writes are left out.
 
+check_release() adds, for the role's verify of one release in one module run, the parsed
+manifest, the cuDNN facts of the release (module_utils/cudnn.py) and what its
+``bin/vllm --version`` prints, both run as an unprivileged user.
+
 Plain Python, read-only: the release_verify module calls in here; tests/unit calls it
 directly on a tree of its own.
 """
@@ -21,13 +25,21 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import glob
 import hashlib
+import json
 import os
 import re
+import subprocess
+
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.identity import IdentityError, as_user, run_probe
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import MANIFEST_NAME, ReleaseError, parse_lock
 
 # Written by `uv venv` into site-packages, owned by no dist.
 VENV_FILES = ("_virtualenv.py", "_virtualenv.pth")
+# What check_release() can run of the release's own code.
+PROBES = ("cudnn", "vllm_version")
 
 
 class VerifyError(ValueError):
@@ -177,3 +189,88 @@ def verify_venv(venv: str, expected) -> dict:
     message = (f"{venv}: {len(installed)} dists as expected, {checked} files match their RECORD hashes" if ok
                else f"{venv} drifted from what was installed: " + " | ".join(problems))
     return {"ok": ok, "packages": packages, "files": files, "checked": checked, "message": message}
+
+
+def read_manifest(path: str) -> tuple:
+    """(the manifest at ``path`` as a dict, None), or (None, why it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+    except FileNotFoundError:
+        return None, f"no manifest {path} (not installed, or its build did not finish)"
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror}"
+    except ValueError as exc:
+        return None, f"{path} is not JSON: {exc}"
+    if not isinstance(manifest, dict):
+        return None, f"{path} holds a {type(manifest).__name__}, not a JSON object"
+    return manifest, None
+
+
+def vllm_version(venv: str, timeout: int = 60, run=subprocess.run) -> dict:
+    """{stdout, error} of ``<venv>/bin/vllm --version``; ``run`` may be bound by as_user()."""
+    command = os.path.join(venv, "bin", "vllm")
+    out, error = run_probe(run, [command, "--version"], timeout, f"{command} --version")
+    return {"stdout": (out or "").strip(), "error": error}
+
+
+def check_release(path: str, *, lock: str | None = None, missing_ok: bool = False, rehash: bool = True,
+                  probes=(), user: str | None = None, timeout: int = 60, run=subprocess.run) -> dict:
+    """Everything the role judges of one release, read in one go.
+
+    Returns {installed (its manifest exists), manifest (dict or None), manifest_error,
+    verify (verify_venv(), or None when not asked or nothing to compare with), cudnn
+    (collect_cudnn_facts() or None), vllm_version (vllm_version() or None), message}.
+    The expected dists come from ``lock``, else from the manifest; without either,
+    ReleaseError, or with ``missing_ok`` a result that says why and has run nothing.
+    ``probes`` (of PROBES) run the release's code as ``user``. Reads only.
+    """
+    path = os.path.abspath(path)
+    manifest_path = os.path.join(path, MANIFEST_NAME)
+    manifest, manifest_error = read_manifest(manifest_path)
+    result = {"installed": os.path.lexists(manifest_path), "manifest": manifest, "manifest_error": manifest_error,
+              "verify": None, "cudnn": None, "vllm_version": None}
+    if lock:
+        with open(lock, encoding="utf-8") as handle:
+            expected = parse_lock(handle.read())
+    else:
+        expected = manifest.get("packages") if manifest is not None else None
+        if manifest is not None and (not isinstance(expected, list) or not expected):
+            expected = None
+            result["manifest_error"] = f"{manifest_path} lists no packages: it was not written by the vllm_runtime role"
+    if expected is None:
+        if not missing_ok:
+            raise ReleaseError(result["manifest_error"])
+        # Not a complete release: none of its code is run.
+        result["message"] = f"{path} was not verified: {result['manifest_error']}"
+        return result
+
+    unknown = sorted(set(probes) - set(PROBES))
+    if unknown:
+        raise ValueError(f"unknown probes {unknown}: choose from {', '.join(PROBES)}")
+    if "cudnn" in probes:
+        # Here, not at the top: cudnn.py needs packaging, the re-hash alone does not.
+        from ansible_collections.vllm_fleet.fleet.plugins.module_utils.cudnn import CudnnFactsError, collect_cudnn_facts
+
+        try:
+            result["cudnn"] = collect_cudnn_facts(path, timeout=timeout, run=run, user=user)
+        except CudnnFactsError as exc:  # not a venv, its Python gone, no such user
+            raise VerifyError(str(exc)) from None
+    if "vllm_version" in probes:
+        try:
+            as_probe_user = functools.partial(run, **as_user(user))
+        except IdentityError as exc:
+            raise VerifyError(f"cannot run {path}/bin/vllm as another user: {exc}") from None
+        result["vllm_version"] = vllm_version(path, timeout=timeout, run=as_probe_user)
+    # After the probes: the re-hash also sees what the release's code changed while it ran.
+    if rehash:
+        result["verify"] = verify_venv(path, expected)
+
+    said = [result["verify"]["message"]] if result["verify"] else [f"{path}: manifest read"]
+    if result["cudnn"]:
+        said.append(result["cudnn"]["message"])
+    if result["vllm_version"]:
+        version = result["vllm_version"]
+        said.append(version["error"] or f"bin/vllm --version printed {version['stdout']!r}")
+    result["message"] = "; ".join(said)
+    return result

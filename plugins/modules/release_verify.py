@@ -17,6 +17,11 @@ description:
     C(uv venv) writes, C(_virtualenv.py) and C(_virtualenv.pth), aside); and the dists missing,
     not expected, or at another version.
   - Reads only; drift is reported in RV(verify.ok), not as a failed task, so the caller decides.
+  - Returns the parsed manifest (RV(manifest)). With O(probe), the same run also reports what
+    the release's own code says, run as O(run_as), the cuDNN facts of the release as
+    M(vllm_fleet.fleet.cudnn_facts) reports them (RV(cudnn)) and what C(<path>/bin/vllm --version)
+    prints (RV(vllm_version)), so that one module run verifies one release. The probes run
+    before the re-hash, which so also sees what they changed.
 options:
   path:
     description:
@@ -29,7 +34,44 @@ options:
         set, for a venv that has no manifest yet (a build in staging).
       - Without it, the expected set is the C(packages) of C(<path>/vllm-fleet-release.json).
     type: path
+  missing_ok:
+    description:
+      - When V(true), a release without a usable manifest (none, as before its install; unreadable;
+        not JSON; no packages) and no O(lock) returns RV(installed), RV(manifest_error) and
+        RV(verify=null) instead of failing, and runs none of its code; the caller decides
+        (install it, or fail naming RV(manifest_error)).
+    type: bool
+    default: false
+  rehash:
+    description:
+      - Re-hash the files and compare the dists (RV(verify)). V(false) for a release whose files
+        were just re-hashed (in staging, before its rename) and whose probes are all that is asked.
+    type: bool
+    default: true
+  probe:
+    description:
+      - What of the release's own code to run, as O(run_as), each in its own subprocess.
+      - V(cudnn) the probes of M(vllm_fleet.fleet.cudnn_facts) (RV(cudnn)); V(vllm_version)
+        C(<path>/bin/vllm --version) (RV(vllm_version)).
+    type: list
+    elements: str
+    choices: [cudnn, vllm_version]
+    default: []
+  run_as:
+    description:
+      - Run the probes (third-party code) as this user, with its own group and no other, instead
+        of as the user that runs the module (root). The user must exist and be able to read the
+        release; the module must run as root to switch.
+    type: str
+  timeout:
+    description:
+      - Seconds each probe subprocess may take.
+    type: int
+    default: 60
+requirements:
+  - packaging (the Python library) on the target's Python interpreter, for O(probe=[cudnn])
 seealso:
+  - module: vllm_fleet.fleet.cudnn_facts
   - module: vllm_fleet.fleet.release_prune
 extends_documentation_fragment:
   - vllm_fleet.fleet.read_only
@@ -47,11 +89,61 @@ EXAMPLES = r"""
   ansible.builtin.assert:
     that: verified.verify.ok
     fail_msg: "{{ verified.msg }}"
+
+- name: Read, probe and re-hash a release in one run, if it is installed
+  vllm_fleet.fleet.release_verify:
+    path: /opt/vllm-fleet/releases/{{ release_id }}
+    missing_ok: true
+    probe: [cudnn, vllm_version]
+    run_as: nobody
+  register: release
+
+- name: Stop unless the release's vllm command runs
+  ansible.builtin.assert:
+    that: release.vllm_version.error is none
+    fail_msg: "{{ release.vllm_version.error }}"
+  when: release.vllm_version is not none
 """
 
 RETURN = r"""
+installed:
+  description: V(true) when C(<path>/vllm-fleet-release.json) exists (the vllm_runtime role writes it last).
+  returned: success
+  type: bool
+manifest:
+  description: The parsed C(<path>/vllm-fleet-release.json), or V(null) (see RV(manifest_error)).
+  returned: success
+  type: dict
+  sample: {release_id: vllm-0.25.1_nvidia-cudnn-cu13-9.24.0.43, override: {intended: true}}
+manifest_error:
+  description: Why there is no usable manifest (none, unreadable, not JSON, no packages), or V(null).
+  returned: success
+  type: str
+  sample: no manifest /opt/vllm-fleet/releases/r42/vllm-fleet-release.json (not installed, or its build did not finish)
+cudnn:
+  description:
+    - The cuDNN facts of the release, as RV(vllm_fleet.fleet.cudnn_facts#module:cudnn) returns them.
+    - V(null) unless O(probe) holds V(cudnn) and there was a usable manifest or O(lock).
+  returned: success
+  type: dict
+  sample: {status: ok, effective_version: 9.24.0, torch_cudnn_version: 9.24.0, message: torch 2.11.0 in ... loads cuDNN 9.24.0.}
+vllm_version:
+  description:
+    - What C(<path>/bin/vllm --version) printed, run as O(run_as).
+    - V(null) unless O(probe) holds V(vllm_version) and there was a usable manifest or O(lock).
+  returned: success
+  type: dict
+  contains:
+    stdout:
+      description: Its output, stripped; empty when it failed.
+      type: str
+      sample: 0.25.1
+    error:
+      description: Why it gave no output (timeout, exit status or signal, with the last line of stderr), or V(null).
+      type: str
+      sample: "/opt/vllm-fleet/releases/r42/bin/vllm --version failed (exit status 1): ModuleNotFoundError: No module named 'torch'"
 verify:
-  description: What was compared and what differs.
+  description: What was compared and what differs; V(null) with O(rehash=false), or when O(missing_ok) found no usable manifest.
   returned: success
   type: dict
   contains:
@@ -75,43 +167,44 @@ verify:
       type: str
 """
 
-import json
-import os
+import traceback
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.release_verify import VerifyError, verify_venv
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import MANIFEST_NAME, ReleaseError, parse_lock
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.identity import IdentityError
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.release_verify import PROBES, VerifyError, check_release
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import ReleaseError
 
 ARGUMENT_SPEC = dict(
     path=dict(type="path", required=True),
     lock=dict(type="path"),
+    missing_ok=dict(type="bool", default=False),
+    rehash=dict(type="bool", default=True),
+    probe=dict(type="list", elements="str", choices=list(PROBES), default=[]),
+    run_as=dict(type="str"),
+    timeout=dict(type="int", default=60),
 )
-
-
-def expected_packages(path, lock):
-    """The expected set: the lock's packages, else the manifest's."""
-    if lock:
-        with open(lock, encoding="utf-8") as handle:
-            return parse_lock(handle.read())
-    manifest = os.path.join(path, MANIFEST_NAME)
-    with open(manifest, encoding="utf-8") as handle:
-        packages = json.load(handle).get("packages")
-    if not isinstance(packages, list) or not packages:
-        raise ReleaseError(f"{manifest} lists no packages: it was not written by the vllm_runtime role")
-    return packages
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    path, lock = module.params["path"], module.params["lock"]
+    params = module.params
+    path = params["path"]
+    if params["timeout"] <= 0:
+        module.fail_json(msg=f"timeout must be a positive number of seconds, not {params['timeout']}")
     try:
-        result = verify_venv(path, expected_packages(path, lock))
-    except (ReleaseError, VerifyError, ValueError) as exc:
+        result = check_release(path, lock=params["lock"], missing_ok=params["missing_ok"], rehash=params["rehash"],
+                               probes=params["probe"], user=params["run_as"], timeout=params["timeout"])
+    except ImportError as exc:
+        # packaging (for the cuDNN probe) is the one third-party import; anything else missing is a bug.
+        if (exc.name or "").split(".", maxsplit=1)[0] != "packaging":
+            raise
+        module.fail_json(msg=missing_required_lib("packaging"), exception=traceback.format_exc())
+    except (ReleaseError, VerifyError, IdentityError, ValueError) as exc:
         module.fail_json(msg=f"cannot verify {path}: {exc}")
     except OSError as exc:
         module.fail_json(msg=f"cannot verify {path}: {exc.strerror}: {exc.filename}")
-    module.exit_json(changed=False, verify=result, msg=result["message"])
+    module.exit_json(changed=False, msg=result.pop("message"), **result)
 
 
 if __name__ == "__main__":

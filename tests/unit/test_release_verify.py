@@ -1,14 +1,22 @@
-"""module_utils/release_verify.py on venv-like trees: files re-hashed against their RECORD."""
+"""module_utils/release_verify.py: files re-hashed against their RECORD (venv-like trees), and
+check_release, the role's whole verify of one release (real venvs from the stand-in wheels)."""
 import csv
 import hashlib
+import json
+import subprocess
 
 import pytest
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.release_verify import (
     VerifyError,
+    check_release,
     record_hash,
     verify_venv,
 )
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import ReleaseError
+from tests.fixtures.wheels.build import build_wheel, dist_info_dir
+from tests.unit.test_cudnn_facts import make_venv, wheelhouse  # noqa: F401 - fixtures
+from tests.unit.test_identity import as_root  # noqa: F401 - a fixture
 
 SITE = "lib/python3.11/site-packages"
 EXPECTED = [{"name": "vllm", "version": "0.25.1"}, {"name": "nvidia-cudnn-cu13", "version": "9.24.0.43"}]
@@ -102,3 +110,115 @@ def test_the_role_pins_uv_by_hash_and_the_wheelhouse_carries_that_uv():
     assert len(hashes) == 18 and all(len(h) == 64 for h in hashes)
     for wheel in PYPI_CACHE.glob("uv-0.13.9-*.whl"):  # the wheel the test nodes install
         assert hashlib.sha256(wheel.read_bytes()).hexdigest() in hashes
+
+
+# --- check_release: one module run for the role's verify of one release ---------------------
+# Real venvs from the stand-in wheels (uv, the machine's configuration shut out), with a
+# small vllm wheel of this file's own whose `vllm --version` prints what a test asks.
+
+RELEASE_ID = "vllm-0.25.1_nvidia-cudnn-cu13-9.24.0.43"
+
+
+def vllm_wheel(out_dir, prints):
+    """vllm 0.25.1 whose console script prints ``prints``, or fails for None."""
+    body = f"print({prints!r})" if prints else "import sys; sys.exit('vllm: broken install')"
+    files = {"vllm/__init__.py": "", "vllm/cli.py": f"def main():\n    {body}\n",
+             f"{dist_info_dir('vllm', '0.25.1')}/entry_points.txt": "[console_scripts]\nvllm = vllm.cli:main\n"}
+    return build_wheel("vllm", "0.25.1", files, [], out_dir)
+
+
+def make_release(make_venv, tmp_path_factory, name, prints="0.25.1"):
+    """releases/<id> as the role leaves it: torch, cuDNN overridden, vllm, and the manifest."""
+    wheel = vllm_wheel(tmp_path_factory.mktemp(f"vllm-{name}"), prints)
+    venv = make_venv(name, "torch==2.11.0", str(wheel), overrides=["nvidia-cudnn-cu13==9.24.0.43"])
+    packages = [{"name": "vllm", "version": "0.25.1"}, {"name": "torch", "version": "2.11.0"},
+                {"name": "nvidia-cudnn-cu13", "version": "9.24.0.43"}]
+    manifest = {"release_id": RELEASE_ID, "override": {"intended": True}, "packages": packages}
+    (venv / "vllm-fleet-release.json").write_text(json.dumps(manifest))
+    return venv, manifest
+
+
+@pytest.fixture(scope="session")
+def release(make_venv, tmp_path_factory):
+    return make_release(make_venv, tmp_path_factory, "release-ok")
+
+
+def test_an_installed_release_is_read_probed_and_rehashed_in_one_call(release):
+    venv, manifest = release
+    result = check_release(str(venv), missing_ok=True, probes=["cudnn", "vllm_version"])
+    assert (result["installed"], result["manifest"], result["manifest_error"]) == (True, manifest, None)
+    assert result["verify"]["ok"], result["verify"]["message"]
+    assert (result["cudnn"]["status"], result["cudnn"]["torch_cudnn_version"]) == ("ok", "9.24.0")
+    assert result["vllm_version"] == {"stdout": "0.25.1", "error": None}
+    assert result["message"].startswith(f"{venv}: 3 dists as expected")
+    assert "loads cuDNN 9.24.0" in result["message"] and "printed '0.25.1'" in result["message"]
+
+
+def test_without_probes_or_rehash_nothing_more_is_run(release):
+    venv, _ = release
+    result = check_release(str(venv))
+    assert result["verify"]["ok"] and result["cudnn"] is None and result["vllm_version"] is None
+    result = check_release(str(venv), rehash=False, probes=["vllm_version"])
+    assert result["verify"] is None and result["vllm_version"]["stdout"] == "0.25.1"
+
+
+def never_run(*args, **kwargs):
+    raise AssertionError(f"ran {args}: a release without a usable manifest must run nothing")
+
+
+def test_a_release_not_installed_is_reported_with_missing_ok_and_an_error_without(tmp_path):
+    missing = tmp_path / "releases" / RELEASE_ID
+    result = check_release(str(missing), missing_ok=True, probes=["cudnn", "vllm_version"], run=never_run)
+    assert (result["installed"], result["manifest"], result["verify"], result["cudnn"]) == (False, None, None, None)
+    assert result["manifest_error"] == (f"no manifest {missing}/vllm-fleet-release.json"
+                                        " (not installed, or its build did not finish)")
+    with pytest.raises(ReleaseError, match="no manifest"):
+        check_release(str(missing))
+
+
+@pytest.mark.parametrize("text, error", [
+    ("{not json", "is not JSON"),
+    ("[1, 2]", "holds a list, not a JSON object"),
+    ('{"release_id": "x"}', "lists no packages: it was not written by the vllm_runtime role"),
+])
+def test_an_unusable_manifest_is_named_and_nothing_is_run(tmp_path, text, error):
+    (tmp_path / "vllm-fleet-release.json").write_text(text)
+    result = check_release(str(tmp_path), missing_ok=True, probes=["cudnn", "vllm_version"], run=never_run)
+    assert result["installed"] is True and error in result["manifest_error"]
+    assert result["verify"] is None and result["vllm_version"] is None
+    assert (result["manifest"] is None) == (not text.startswith('{"'))
+
+
+def test_a_vllm_that_prints_another_version_or_fails_is_reported(make_venv, tmp_path_factory):
+    venv, _ = make_release(make_venv, tmp_path_factory, "release-other", prints="0.25.2")
+    result = check_release(str(venv), probes=["vllm_version"])
+    assert result["verify"]["ok"] and result["vllm_version"] == {"stdout": "0.25.2", "error": None}
+
+    venv, _ = make_release(make_venv, tmp_path_factory, "release-broken", prints=None)
+    version = check_release(str(venv), rehash=False, probes=["vllm_version"])["vllm_version"]
+    assert version == {"stdout": "", "error": f"{venv}/bin/vllm --version failed (exit status 1): vllm: broken install"}
+
+
+def test_probes_run_as_the_user_and_the_rehash_sees_what_they_wrote(as_root, make_venv, tmp_path_factory):
+    """Every probe (cuDNN's three, vllm --version) is asked to run as the user; one that
+    drops a .pth into site-packages is found by the re-hash that follows them."""
+    venv, _ = make_release(make_venv, tmp_path_factory, "release-probed")
+    calls = []
+
+    def run(cmd, user=None, group=None, extra_groups=None, **kwargs):
+        calls.append((cmd[0], user, group, extra_groups))
+        if cmd[-1] == "--version":
+            (next(venv.glob(SITE)) / "zz-probe.pth").write_text("import os\n")
+        return subprocess.run(cmd, **kwargs)  # as this test's own user: the switch is subprocess's
+
+    result = check_release(str(venv), probes=["cudnn", "vllm_version"], user="prober", run=run)
+    assert len(calls) == 4 and all(user == 4242 and group == 4343 and extra == [] for _, user, group, extra in calls), calls
+    assert result["vllm_version"]["stdout"] == "0.25.1"
+    assert not result["verify"]["ok"] and result["verify"]["files"] == {
+        "(no dist)": {"changed": [], "missing": [], "added": [f"{SITE}/zz-probe.pth"]}}
+
+
+def test_a_probe_user_that_does_not_exist_fails_before_anything_runs(as_root, release):
+    venv, _ = release
+    with pytest.raises(VerifyError, match="user 'ghost' does not exist"):
+        check_release(str(venv), probes=["vllm_version"], user="ghost", run=never_run)
