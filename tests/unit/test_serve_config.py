@@ -487,7 +487,8 @@ def test_every_role_variable_is_declared_in_the_argument_specs():
     main = specs["main"]["options"]
     # the instances are the shared vllm_fleet_instances (fleet_defaults), declared here too
     # the options of one entry point alone (cutover's release, validate's) are declared there
-    own = {"vllm_fleet_service_release_id": "cutover", "vllm_fleet_service_validate_release": "validate"}
+    own = {"vllm_fleet_service_release_id": "cutover", "vllm_fleet_service_validate_release": "validate",
+           "vllm_fleet_service_validate_cudnn": "validate"}
     assert all(name in specs[entry]["options"] for name, entry in own.items())
     assert set(defaults) - set(own) == set(main) - {"vllm_fleet_instances"}
     assert "vllm_fleet_instances" in main and "vllm_fleet_instances" not in defaults
