@@ -164,10 +164,13 @@ def test_a_wedge_during_the_canary_soak_fails_the_gate_and_a_rerun_passes(fleet,
     wedge = "systemctl kill -s SIGUSR1 vllm@gpu0"  # the engine stops making progress
     plan = ["-e", json.dumps({"vllm_fleet_release": FIXED, "vllm_fleet_profile": target,
                               "vllm_fleet_accepted_risks": [EXIT0]})]
+    # The wedge lands some seconds into the soak (later on a loaded machine): a soak long enough
+    # for the wedge window to close after it, which the monitor ends at the wedge.
+    long_soak = ["-e", json.dumps({"vllm_fleet_soak_duration_s": 60})]
     with during_the_next_soak(fleet, "node01", lambda: node_exec(fleet, "node01", wedge)), \
             Traffic(fleet, SERVED, workers=2) as traffic:
         code, output, summary, junit = vllm_fleet(tmp_path / "wedged", "rollout", "-i", str(fleet.inventory),
-                                                  "--limit", "canary", *plan, timeout=1200)
+                                                  "--limit", "canary", *plan, *long_soak, timeout=1200)
 
     assert code == 4, output[-4000:]  # the soak gate failed
     assert (summary["outcome"], summary["exit_code"]) == ("gate_failed", 4)

@@ -129,8 +129,12 @@ def test_a_soak_an_interrupted_rollout_left_running_is_reported(tmp_path):
     root, config = tree(tmp_path, current=RELEASE)
     state_dir = root / "releases" / RELEASE / "soak" / "20261204T120000Z-gpu0"
     state_dir.mkdir(parents=True)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "vllm_fleet.fleet.soak"])
+    # Popen returns once exec began, before the kernel sets the new cmdline that _is_soak reads:
+    # the child says when it runs.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)",
+                             "vllm_fleet.fleet.soak"], stdout=subprocess.PIPE)
     try:
+        proc.stdout.readline()
         (state_dir / "progress.jsonl").write_text(json.dumps({"pid": proc.pid, "elapsed_s": 4.0}) + "\n")
         _, state = read_node_state(str(root), str(config), gpu=gpu, cudnn=cudnn_ok)
         assert state["soaks_left"] == [{"state_dir": str(root / "current" / "soak" / state_dir.name),
