@@ -1,6 +1,6 @@
-"""preflight and serve_config run on the controller (their action plugins): a node that cannot
-be reached still gets its verdict and its rendered config, where a module that needs the node
-(the negative control) is unreachable."""
+"""preflight, serve_config and controller_file run on the controller (their action plugins): a
+node that cannot be reached still gets its verdict, its rendered config and its report, where a
+module that needs the node (the negative control) is unreachable."""
 
 import json
 import os
@@ -48,22 +48,82 @@ PLAYBOOK = """
 """
 
 
-def test_both_run_without_reaching_the_node(tmp_path):
-    (tmp_path / "vars.json").write_text(json.dumps(
-        {"catalogue": CATALOGUE, "gpu": GPU, "plan": PLAN, "schema": SCHEMA, "profile": PROFILE}))
-    (tmp_path / "playbook.yml").write_text(PLAYBOOK)
-    # Port 1 on this machine: every connection is refused at once.
+def play_offline(tmp_path, playbook: str, **extra_vars) -> None:
+    """Run playbook against a host whose every connection is refused at once (port 1 here)."""
+    (tmp_path / "playbook.yml").write_text(playbook)
     (tmp_path / "hosts").write_text(
         "offline ansible_host=127.0.0.1 ansible_port=1 ansible_connection=ssh ansible_user=nobody\n")
-    results = tmp_path / "results.json"
+    extra = [arg for key, value in extra_vars.items() for arg in ("-e", f"{key}={value}")]
     proc = subprocess.run(
-        [str(VENV_BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts"), "-e", f"results_path={results}",
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts"), *extra,
          "-e", f"ansible_python_interpreter={sys.executable}", str(tmp_path / "playbook.yml")],
         cwd=ROOT, env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="False"),
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_both_run_without_reaching_the_node(tmp_path):
+    (tmp_path / "vars.json").write_text(json.dumps(
+        {"catalogue": CATALOGUE, "gpu": GPU, "plan": PLAN, "schema": SCHEMA, "profile": PROFILE}))
+    results = tmp_path / "results.json"
+    play_offline(tmp_path, PLAYBOOK, results_path=results)
     said = json.loads(results.read_text())
     assert said["reached"].get("unreachable") is True  # the node really cannot be reached
     assert said["judged"]["preflight"]["verdict"] in ("ok", "warn") and said["judged"]["changed"] is False
     assert said["rendered"]["content"].startswith("model: ") and said["rendered"]["config"]["port"] == 8000
+
+
+FILE_PLAYBOOK = """
+- hosts: offline
+  gather_facts: false
+  tasks:
+    - name: Write a report
+      vllm_fleet.fleet.controller_file:
+        path: "{{ out }}/rollout/{{ inventory_hostname }}.json"
+        data: {host: "{{ inventory_hostname }}", soak: null, marks: {started: 1.5}, note: "naïve"}
+      register: first
+
+    - name: The same again
+      vllm_fleet.fleet.controller_file:
+        path: "{{ out }}/rollout/{{ inventory_hostname }}.json"
+        data: {host: "{{ inventory_hostname }}", soak: null, marks: {started: 1.5}, note: "naïve"}
+      register: again
+
+    - name: Append twice
+      vllm_fleet.fleet.controller_file:
+        path: "{{ out }}/notifications.json"
+        data: ["{{ item }}"]
+        append: true
+      loop: [one, two]
+
+    - name: A mode that is not octal
+      vllm_fleet.fleet.controller_file: {path: "{{ out }}/bad.json", data: {}, mode: rw-r--r--}
+      register: bad
+      ignore_errors: true
+
+    - name: Reach the node (the negative control)
+      ansible.builtin.ping:
+      ignore_unreachable: true
+      register: reached
+
+    - name: Save what the tasks said
+      vllm_fleet.fleet.controller_file:
+        path: "{{ out }}/said.json"
+        data: {first: "{{ first }}", again: "{{ again }}", bad: "{{ bad }}", reached: "{{ reached }}"}
+"""
+
+
+def test_the_action_writes_on_the_controller_without_reaching_the_node(tmp_path):
+    out = tmp_path / "out"
+    play_offline(tmp_path, FILE_PLAYBOOK, out=out)
+    said = json.loads((out / "said.json").read_text())
+    assert said["reached"].get("unreachable") is True
+    assert (said["first"]["changed"], said["again"]["changed"]) == (True, False)
+    assert said["bad"]["failed"] is True and said["bad"]["msg"] == (
+        "controller_file: mode 'rw-r--r--' is not octal text such as '0644'")
+    report = (out / "rollout" / "offline.json").read_text()
+    # The text the to_nice_json filter wrote before: sorted keys, 4 spaces, ASCII, a final newline.
+    assert report == json.dumps({"host": "offline", "soak": None, "marks": {"started": 1.5}, "note": "naïve"},
+                                indent=4, sort_keys=True, separators=(",", ": ")) + "\n"
+    assert json.loads((out / "notifications.json").read_text()) == ["one", "two"]
