@@ -5,17 +5,19 @@ are handed out first, so the workers finish at about the same time instead of on
 starting the fault matrix after the others have run out of work."""
 from __future__ import annotations
 
-# Longest first, from a run's JUnit times (CI in a fresh clone, 2026-12-06: test_faults 1,104 s
-# of one worker, the Molecule scenarios 631 s together, each a unit of its own); every other
-# file takes under 80 s.
-LONGEST_FIRST = ("tests/integration/test_faults.py", "tests/integration/test_rollout.py",
-                 "tests/integration/test_faults_late.py", "tests/integration/test_faults_install.py",
-                 "tests/integration/test_rotation.py", "tests/molecule/test_molecule.py",
-                 "tests/integration/test_rollout_lock.py", "tests/integration/test_bad_input.py",
-                 "tests/integration/test_notify.py", "tests/integration/test_vllm_service.py",
-                 "tests/integration/test_lb_reload.py", "tests/integration/test_vllm_runtime.py",
-                 "tests/integration/test_preflight.py", "tests/integration/test_soak.py",
-                 "tests/integration/test_collection_install.py", "tests/integration/test_coredump.py")
+# Longest first, from a run's JUnit times (CI in a fresh clone, 2026-12-06 16:28: test_faults
+# 839 s of one worker, test_faults_late 374 s before its lost-node test (~150 s) came, the
+# Molecule scenarios 595 s together but each a unit of its own of ~120 s, so they fill the end);
+# every other file takes under 75 s.
+LONGEST_FIRST = ("tests/integration/test_faults.py", "tests/integration/test_faults_late.py",
+                 "tests/integration/test_rollout.py", "tests/integration/test_faults_install.py",
+                 "tests/integration/test_bad_input.py", "tests/integration/test_rotation.py",
+                 "tests/integration/test_rollout_lock.py", "tests/integration/test_notify.py",
+                 "tests/integration/test_vllm_service.py", "tests/integration/test_lb_reload.py",
+                 "tests/molecule/test_molecule.py", "tests/integration/test_vllm_runtime.py",
+                 "tests/integration/test_soak.py", "tests/integration/test_preflight.py",
+                 "tests/integration/test_coredump.py", "tests/integration/test_monitoring.py",
+                 "tests/integration/test_collection_install.py")
 
 
 def _rank(item) -> int:
