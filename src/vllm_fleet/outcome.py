@@ -5,8 +5,8 @@ Reports the playbooks write under the run's report dir (``vllm_fleet_report_dir`
   preflight.json          {host: {host, gpu, cudnn_current, release, profile,
                                   report: {verdict: pass|warn|block, blockers, warnings,
                                            summary, message?}}}
-  rollout/<host>.json     {host, status: upgraded|skipped|reverted|rolled_back|failed, release,
-                           soak: {passed, reasons, ...} | null}
+  rollout/<host>.json     {host, status: upgraded|skipped|reverted|rolled_back|failed|unreachable,
+                           release, soak: {passed, reasons, ...} | null, lb_state}
 """
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ exit codes:
 
 NO_HOSTS_MARKERS = ("leaves us with no hosts to target", "Could not match supplied host pattern")
 # reverted: playbooks/rollback.yml took the node back on purpose (a success);
-# rolled_back: a rollout's turn failed and its rescue took the node back.
-ROLLOUT_STATUSES = ("upgraded", "skipped", "reverted", "rolled_back", "failed")
+# rolled_back: a rollout's turn failed and its rescue took the node back;
+# unreachable: the node stopped answering after its drain, its rescue kept it out of traffic.
+ROLLOUT_STATUSES = ("upgraded", "skipped", "reverted", "rolled_back", "failed", "unreachable")
 
 
 @dataclass
@@ -121,7 +122,8 @@ def gate_failed(entry: dict | None) -> bool:
 
 def host_status(host: str, facts: RunFacts, reports: Reports) -> str:
     rollout = reports.rollout.get(host) or {}
-    if facts.stat("dark", host):
+    # A node lost in its turn: its rescue's probe was an ignored unreachable, not "dark".
+    if facts.stat("dark", host) or rollout.get("status") == "unreachable":
         return "unreachable"
     if preflight_verdict(reports.preflight.get(host)) == "block":
         return "blocked"
@@ -153,7 +155,7 @@ def _joined(value) -> str | None:
 def host_message(host: str, status: str, facts: RunFacts, reports: Reports) -> str | None:
     hf = facts.hosts.get(host)
     if status == "unreachable":
-        return hf.unreachable_message if hf else None
+        return _joined((reports.rollout.get(host) or {}).get("message")) or (hf.unreachable_message if hf else None)
     if status == "blocked":
         report = (reports.preflight.get(host) or {}).get("report") or {}
         return _joined(report.get("message")) or _joined(report.get("summary")) or (hf and hf.failed_message)
@@ -169,12 +171,12 @@ def host_message(host: str, status: str, facts: RunFacts, reports: Reports) -> s
 
 def host_failed_task(host: str, status: str, facts: RunFacts, reports: Reports) -> str | None:
     hf = facts.hosts.get(host)
-    if status == "unreachable":
-        return hf.unreachable_task if hf else None
-    if status in ("rolled_back", "failed"):
+    if status in ("rolled_back", "failed", "unreachable"):
         reported = (reports.rollout.get(host) or {}).get("failed_task")
         if reported:  # the task that failed inside the node's turn, before its rescue ran
             return str(reported)
+    if status == "unreachable":
+        return hf.unreachable_task if hf else None
     if status in ("failed", "blocked", "rolled_back"):
         return hf.failed_task if hf else None
     return None

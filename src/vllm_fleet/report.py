@@ -498,7 +498,8 @@ def rollout_outcome(nodes: list[Node], summary: dict | None) -> tuple[str, str, 
         where = {"rolled_back": f"{first.host} {what} and was rolled back to "
                                 f"{first.report.get('release') or 'its known-good release'}",
                  "failed": f"{first.host} {what}",
-                 "unreachable": f"{first.host} could not be reached"}[first.status]
+                 "unreachable": (f"{first.host} stopped answering after its drain and was kept out of traffic"
+                                 if first.report else f"{first.host} could not be reached")}[first.status]
         rest = f"; {counts['not_reached']} node(s) after it were not touched" if counts["not_reached"] else ""
         return "halted", f"Halted: {where}{rest}.", _node_reason(first)
     reported = [n for n in nodes if n.report]

@@ -6,7 +6,9 @@ a dropped request), and a re-run, with the fault gone, that converges."""
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
+from contextlib import contextmanager
 
 from tests.fixtures.simnode.fleet import SimFleet, Traffic
 from tests.fixtures.story import EXIT0, FLEET_VARS, NVFP4, SERVED, clear_reports, node_exec, play, report, state
@@ -71,3 +73,25 @@ def assert_halted_before_any_change(run, traffic: Traffic, sim: SimFleet, before
     # No turn started: a node that already served the target is recorded as skipped.
     reports = [report(sim, node) for node in NODES]
     assert all(r is None or r["status"] == "skipped" for r in reports), reports
+
+
+@contextmanager
+def during_the_next_soak(sim: SimFleet, node: str, action):
+    """Run action() once a new soak starts on node (its run directory appears), at most
+    until the block ends: a fault meant for this test never lands in the next one."""
+    count = "ls /opt/vllm-fleet/current/soak/ 2>/dev/null | wc -l"
+    before, done = node_exec(sim, node, count), threading.Event()
+
+    def wait_then_act():
+        while not done.wait(0.5):
+            if node_exec(sim, node, count) != before:
+                action()
+                return
+
+    thread = threading.Thread(target=wait_then_act, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=70)

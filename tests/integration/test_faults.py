@@ -22,19 +22,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.fixtures.simnode.fleet import SimFleet, Traffic
+from tests.fixtures.simnode.fleet import Traffic
 from tests.fixtures.story import EXIT0, FIXED, FIXED_ID, FLEET_VARS, NVFP4, SERVED, clear_reports, node_exec, \
     provisioned_fleet, report, state
-from tests.integration.faults import (FAST, NODES, assert_converges, assert_serves, completes, rollout,
-                                      seqs)
+from tests.integration.faults import (FAST, NODES, assert_converges, assert_serves, completes, during_the_next_soak,
+                                      rollout, seqs)
 from tests.integration.playbook import ROOT
 from tests.integration.test_cli import vllm_fleet
 
@@ -108,28 +106,6 @@ def test_haproxy_unreachable_halts_the_turn_without_touching_the_node(fleet):
 
     assert_converges(fleet, "--limit", "canary", release=FIXED, profile_=seqs(80),
                      serving={"node01": (FIXED_ID, "nvfp4-seqs-80")})
-
-
-@contextmanager
-def during_the_next_soak(sim: SimFleet, node: str, action):
-    """Run action() once a new soak starts on node (its run directory appears), at most
-    until the block ends: a fault meant for this test never lands in the next one."""
-    count = "ls /opt/vllm-fleet/current/soak/ 2>/dev/null | wc -l"
-    before, done = node_exec(sim, node, count), threading.Event()
-
-    def wait_then_act():
-        while not done.wait(0.5):
-            if node_exec(sim, node, count) != before:
-                action()
-                return
-
-    thread = threading.Thread(target=wait_then_act, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join(timeout=70)
 
 
 def test_a_node_unreachable_midway_halts_the_rollout_and_a_rerun_finishes_it(fleet):

@@ -11,6 +11,11 @@ that this file runs beside the other two parts.
   the drain: the canary ends upgraded and back in traffic, and no client noticed anything
   through both runs.
 - A node that passes its soak but fails in client traffic (fault 14): the bake catches it.
+- A node lost after its own drain (fault 18): the canary is paused during its soak. Ansible
+  runs no rescue for an unreachable host, so the soak gate fails when its node stops
+  answering; the rescue finds the node gone, keeps it drained in HAProxy, reports it
+  `unreachable` with what HAProxy shows, releases the lock and halts (exit 5). Once the node
+  answers again it is still out of traffic, and the next run takes its turn from the drain.
 """
 from __future__ import annotations
 
@@ -27,8 +32,10 @@ import pytest
 from tests.fixtures.simnode.fleet import Traffic
 from tests.fixtures.story import EXIT0, FIXED, FIXED_ID, NVFP4, SERVED, clear_reports, node_exec, \
     provisioned_fleet, report, state
-from tests.integration.faults import FAST, NODES, assert_converges, assert_serves, rollout, seqs
+from tests.integration.faults import FAST, NODES, assert_converges, assert_serves, during_the_next_soak, rollout, \
+    seqs
 from tests.integration.playbook import ROOT
+from tests.integration.test_cli import vllm_fleet
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +135,43 @@ def test_a_node_that_passes_its_soak_but_fails_in_traffic_fails_its_bake_and_is_
 
     assert_converges(fleet, "--limit", "canary", release=FIXED, profile_=seqs(32),
                      serving={"node01": (FIXED_ID, "nvfp4-seqs-32")})
+
+
+def test_a_node_lost_after_its_drain_is_kept_out_of_traffic_reported_and_finished_by_the_next_run(fleet, tmp_path):
+    target = seqs(40)
+    node02_before = state(fleet, "node02")
+    plan = ["-e", json.dumps({"vllm_fleet_release": FIXED, "vllm_fleet_profile": target,
+                              "vllm_fleet_accepted_risks": [EXIT0], "vllm_fleet_soak_duration_s": 60})]
+    pause = ["podman", "pause", fleet.prefix + "node01"]  # frozen: SSH and HAProxy's checks time out
+    try:
+        with during_the_next_soak(fleet, "node01", lambda: subprocess.run(pause, check=True, timeout=60)), \
+                Traffic(fleet, SERVED, workers=2) as traffic:
+            code, output, summary, junit = vllm_fleet(tmp_path / "lost", "rollout", "-i", str(fleet.inventory),
+                                                      "--limit", "canary", *plan, timeout=1200)
+        lb_while_lost = fleet.lb_servers()["node01"]
+    finally:
+        subprocess.run(["podman", "unpause", fleet.prefix + "node01"], timeout=60)
+
+    assert code == 5, output[-4000:]  # unreachable: not a failed gate, not a rollback
+    canary = summary["hosts"]["node01"]
+    assert canary["status"] == "unreachable" and canary["soak_verdict"] is None, canary
+    assert "node01 stopped answering during its soak" in canary["message"], canary
+    assert "nothing on it was rolled back" in output and "HAProxy keeps it out of traffic (node01 DRAIN/" in output
+    kept = json.loads((Path(summary["artifacts"]) / "reports" / "rollout" / "node01.json").read_text())
+    assert kept["status"] == "unreachable" and kept["lb_state"] == f"node01 DRAIN/{lb_while_lost['operational']}"
+    assert {"drained", "configured", "ready"} <= set(kept["marks"]) and "soaked" not in kept["marks"], kept["marks"]
+    assert lb_while_lost["admin"] == "DRAIN", lb_while_lost
+    # It was out of traffic before it was lost: clients never met it.
+    assert traffic.out_seen == {"node01"} and traffic.most_out == 1
+    traffic.assert_clean()
+    assert state(fleet, "node02") == node02_before
+
+    # Answering again (HAProxy's checks pass), it stays drained: not proven, not in traffic.
+    deadline = time.monotonic() + 30
+    while fleet.lb_servers()["node01"]["operational"] != "UP" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    back = fleet.lb_servers()["node01"]
+    assert (back["admin"], back["operational"]) == ("DRAIN", "UP"), back
+    # The halted run released its lock: a plain re-run finishes the turn.
+    assert_converges(fleet, "--limit", "canary", release=FIXED, profile_=target,
+                     serving={"node01": (FIXED_ID, target["name"])})

@@ -16,7 +16,7 @@ import pytest
 from tests.fixtures.simnode.fleet import SimFleet
 from tests.fixtures.story import EXIT0, FIXED, FIXED_ID, NVFP4, provisioned_fleet, report
 from tests.integration.faults import FAST, NODES, assert_serves, rollout, seqs
-from tests.integration.test_faults import during_the_next_soak
+from tests.integration.faults import during_the_next_soak
 
 # A soak long enough to reload HAProxy and watch the drained canary for WATCH_S inside it.
 SOAKING = {**FAST, "vllm_fleet_soak_duration_s": 15, "vllm_fleet_soak_min_duration_s": 8}

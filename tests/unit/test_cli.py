@@ -371,6 +371,24 @@ def test_unreachable():
         "failed_task": "preflight : Gather GPU facts", "message": "Connection refused", "duration_s": 0}
 
 
+def test_a_node_lost_after_its_drain_is_unreachable_with_its_reports_words(tmp_path):
+    # Its rescue's probe was an ignored unreachable (no "dark" in the recap) and its halt a
+    # failure: the report's status decides, and the report says where HAProxy left it.
+    reports = read_reports(write_reports(tmp_path / "r", rollout={
+        "n1": {"host": "n1", "status": "unreachable", "release": None, "soak": None,
+               "failed_task": "Fail the gate, the node stopped answering",
+               "message": "n1 stopped answering during its soak", "lb_state": "n1 DRAIN/DOWN"}}))
+    run = facts(stats(ok={"n1": 40}, failures={"n1": 1}),
+                n1=HostFacts(failed_task="Halt the rollout", failed_message="rollout halted at n1",
+                             unreachable_task="Read the soak's progress", unreachable_message="timed out"))
+    d = decide(run, reports, rc=2, status="failed")
+    assert (d.exit_code, d.outcomes) == (5, ["unreachable"])
+    assert d.hosts["n1"]["status"] == "unreachable"
+    assert d.hosts["n1"]["message"] == "n1 stopped answering during its soak"
+    assert d.hosts["n1"]["failed_task"] == "Fail the gate, the node stopped answering"
+    assert d.hosts["n1"]["soak_verdict"] is None  # not a failed gate: no exit 4
+
+
 def test_other_failure():
     run = facts(stats(ok={"n1": 3, "n2": 4}, failures={"n1": 1}),
                 n1=HostFacts(failed_task="vllm_runtime : Install", failed_message="No matching distribution"))
