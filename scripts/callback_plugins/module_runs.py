@@ -27,7 +27,7 @@ description:
 CONTROLLER_ACTIONS = {
     "set_fact", "assert", "debug", "fail", "meta", "group_by", "add_host", "include_tasks", "import_tasks",
     "include_role", "import_role", "include_vars", "set_stats", "pause", "wait_for_connection",
-    "validate_argument_spec", "preflight", "serve_config",
+    "validate_argument_spec", "preflight", "serve_config", "controller_file",
 }
 
 
