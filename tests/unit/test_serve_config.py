@@ -486,14 +486,15 @@ def test_every_role_variable_is_declared_in_the_argument_specs():
     specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]
     main = specs["main"]["options"]
     # the instances are the shared vllm_fleet_instances (fleet_defaults), declared here too
-    # the options of one entry point alone (cutover's release, validate's) are declared there
-    own = {"vllm_fleet_service_release_id": "cutover", "vllm_fleet_service_validate_release": "validate",
-           "vllm_fleet_service_validate_cudnn": "validate"}
+    # the options of one entry point alone (cutover's, validate's, configure's) are declared there
+    own = {"vllm_fleet_service_release_id": "cutover", "vllm_fleet_service_cutover_current": "cutover",
+           "vllm_fleet_service_cutover_verified": "cutover", "vllm_fleet_service_validate_release": "validate",
+           "vllm_fleet_service_validate_cudnn": "validate", "vllm_fleet_service_instances_stopped": "configure"}
     assert all(name in specs[entry]["options"] for name, entry in own.items())
     assert set(defaults) - set(own) == set(main) - {"vllm_fleet_instances"}
     assert "vllm_fleet_instances" in main and "vllm_fleet_instances" not in defaults
     assert "vllm_fleet_service_release_id" in specs["cutover"]["options"]
-    for name, spec in {**main, **specs["cutover"]["options"]}.items():
+    for name, spec in {**main, **specs["cutover"]["options"], **specs["configure"]["options"]}.items():
         assert spec.get("description"), f"{name} has no description"
         assert spec.get("type"), f"{name} has no type"
         if "default" in spec and name in defaults:
