@@ -15,7 +15,7 @@ import pytest
 from tests.fixtures.simnode import simnode
 from tests.fixtures.story import EXIT0, FIXED, NVFP4, PRE_FIX
 from tests.integration.conftest import PREFIX, profile_path
-from tests.integration.test_cli import vllm_fleet
+from tests.integration.playbook import vllm_fleet
 
 BAD_CATALOGUE = "schema_version: 1\nknown_issues:\n  - id: incomplete-entry\n    title: an entry with no match and no fix\n"
 NOT_YAML = "known_issues: [\n  - {id: \"unterminated\n"

@@ -4,33 +4,17 @@ Every outcome is checked three ways: the exit code, the JSON summary, the JUnit 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.simnode import simnode
+from tests.integration.playbook import vllm_fleet
 
-CLI = Path(sys.executable).parent / "vllm-fleet"
 CUDNN_BLOCKER = "cudnn-sm12x-fusion-matmul-oob"
 BAD_CUDNN = {"vllm": "0.25.1", "torch": "2.11.0", "cudnn_package": "nvidia-cudnn-cu13", "cudnn": "9.19.0.56"}
 GOOD_CUDNN = {**BAD_CUDNN, "cudnn": "9.24.0.43"}
-
-
-def vllm_fleet(tmp_path: Path, *args: str, timeout: float = 600):
-    """Run the console script from a directory outside the checkout; return
-    (exit code, output, summary, junit root). Artifacts go to tmp_path/run."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    cmd = [str(CLI), *args, "--artifacts", str(tmp_path / "run"),
-           "--json", str(tmp_path / "out" / "summary.json"), "--junit", str(tmp_path / "out" / "junit.xml")]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
-    output = proc.stdout + proc.stderr
-    assert "Traceback" not in output, output[-4000:]
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    junit = ET.parse(tmp_path / "out" / "junit.xml").getroot()
-    return proc.returncode, output, summary, junit
 
 
 def junit_counts(root: ET.Element) -> tuple[int, int, int]:

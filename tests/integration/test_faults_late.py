@@ -34,8 +34,7 @@ from tests.fixtures.story import EXIT0, FIXED, FIXED_ID, NVFP4, SERVED, clear_re
     provisioned_fleet, report, state
 from tests.integration.faults import FAST, NODES, assert_converges, assert_serves, during_the_next_soak, rollout, \
     seqs
-from tests.integration.playbook import ROOT
-from tests.integration.test_cli import vllm_fleet
+from tests.integration.playbook import ROOT, vllm_fleet
 
 
 @pytest.fixture(scope="module")

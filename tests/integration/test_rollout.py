@@ -23,7 +23,7 @@ from tests.fixtures.simnode.fleet import SimFleet, Traffic
 from tests.fixtures.story import (ACCEPT_PRE_FIX, CUDNN_BLOCKER, EXIT0, FIXED, FIXED_ID, FP8, NVFP4,
                                   PRE_FIX, PRE_FIX_ID, SERVED, clear_reports, node_exec, play, provisioned_fleet,
                                   report, state)
-from tests.integration.test_cli import vllm_fleet
+from tests.integration.playbook import vllm_fleet
 from tests.unit.test_report import needs_chromium, render, visible
 from vllm_fleet import report as rep
 
