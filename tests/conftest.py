@@ -16,7 +16,8 @@ LONGEST_FIRST = ("tests/integration/test_faults.py", "tests/integration/test_fau
                  "tests/integration/test_vllm_service.py", "tests/integration/test_lb_reload.py",
                  "tests/molecule/test_molecule.py", "tests/integration/test_vllm_runtime.py",
                  "tests/integration/test_soak.py", "tests/integration/test_preflight.py",
-                 "tests/integration/test_coredump.py", "tests/integration/test_monitoring.py",
+                 "tests/integration/test_coredump.py", "tests/integration/test_model_weights.py",
+                 "tests/integration/test_monitoring.py",
                  "tests/integration/test_collection_install.py")
 
 

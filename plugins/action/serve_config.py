@@ -22,7 +22,8 @@ class ActionModule(ActionBase):
         params = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)[1]  # (result, validated args)
         try:
             built = build(params["schema"], params["profile"], role_args=params["role_args"],
-                          role_env=params["role_env"], reserved_env=params["reserved_env"], header=params["header"])
+                          role_env=params["role_env"], reserved_env=params["reserved_env"], header=params["header"],
+                          models_dir=params["models_dir"])
         except SchemaError as exc:
             return {**result, "failed": True, "msg": f"serve_config: {exc}"}
         except ProfileError as exc:

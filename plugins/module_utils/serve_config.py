@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.model_weights import (
+    WeightsError, check_model, model_dirname)
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import (
     SoakConfigError,
     validate_performance_spec,
@@ -33,8 +35,9 @@ SCHEMA_VERSION = 1
 TYPES = ("bool", "int", "float", "str", "size", "list", "json")
 FLAG_KEYS = ("type", "help", "negatable", "choices", "min", "max", "min_exclusive", "max_exclusive",
              "elements", "reserved")
-PROFILE_REQUIRED = ("name", "model")
-PROFILE_OPTIONAL = ("description", "serve_args", "env", "baseline")
+PROFILE_REQUIRED = ("name",)
+# model (a path or id the site provides) or weights (a model vllm-fleet stages), never both.
+PROFILE_OPTIONAL = ("model", "weights", "description", "serve_args", "env", "baseline")
 FLAG_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # vLLM's sizes: 262144, 256k (x1000), 256K (x1024), 1m, 1M, 1g, 1G.
@@ -480,7 +483,7 @@ def dump_env(env: dict, header: str = "") -> str:
 # --- the whole profile ---------------------------------------------------------------------
 
 def build(schema_data: Any, profile: Any, *, role_args: dict | None = None, role_env: dict | None = None,
-          reserved_env: dict | None = None, header: str = "") -> dict:
+          reserved_env: dict | None = None, header: str = "", models_dir: str = "") -> dict:
     """Validate a profile and render what an instance serves.
 
     Returns ``{profile, config, content, env, env_content, warnings}``: ``profile`` is the
@@ -500,8 +503,11 @@ def build(schema_data: Any, profile: Any, *, role_args: dict | None = None, role
         if key not in allowed:
             errors.append(f"profile: unknown key {key!r}{_closest(str(key), allowed)}; "
                           f"allowed: {', '.join(allowed)}")
-    for key in PROFILE_REQUIRED:
+    errors += _model_errors(profile)
+    for key in ("name", "model"):
         value = profile.get(key)
+        if key == "model" and (value is None and "weights" in profile):
+            continue
         if not isinstance(value, str) or not value.strip():
             errors.append(f"profile.{key}: a non-empty single-line string is required, got {_show(value)}")
             continue
@@ -524,16 +530,49 @@ def build(schema_data: Any, profile: Any, *, role_args: dict | None = None, role
     if errors:
         raise ProfileError(errors)
 
-    config = render_config(schema, profile["model"], serve_args, role_args)
+    if "weights" in profile and not models_dir:
+        raise ProfileError(["profile.weights: staged models need models_dir (vllm_fleet_models_dir)"])
+    config = render_config(schema, model_path(profile, models_dir), serve_args, role_args)
     full_env = {**env, **role_env}
+    # As the profile says it (model, or weights), so a node's record compares with the plan.
+    source = {key: profile[key] for key in ("model", "weights") if key in profile}
     return {
-        "profile": {"name": profile["name"], "model": profile["model"], "serve_args": serve_args, "env": env},
+        "profile": {"name": profile["name"], **source, "serve_args": serve_args, "env": env},
         "config": config,
         "content": dump_config(config, header),
         "env": full_env,
         "env_content": dump_env(full_env, header),
         "warnings": warnings,
     }
+
+
+def _model_errors(profile: dict) -> list[str]:
+    """A profile names its model one way: model, or weights staged by vllm-fleet; a staged
+    one needs served-model-name, since clients cannot ask for a node's directory."""
+    if "weights" not in profile:
+        return []
+    errors = []
+    if "model" in profile:
+        errors.append("profile.model and profile.weights: give model (a path the site provides) or weights"
+                      " (a model vllm-fleet stages under vllm_fleet_models_dir), not both")
+    try:
+        check_model(profile["weights"])
+    except WeightsError as exc:
+        errors.append(str(exc))
+    serve_args = profile.get("serve_args") if isinstance(profile.get("serve_args"), dict) else {}
+    if not any(normalise_flag(str(key)) == "served-model-name" for key in serve_args):
+        errors.append("profile.weights: a staged model needs serve_args.served-model-name, the name clients ask"
+                      " for (vLLM would answer to the node's directory)")
+    return errors
+
+
+def model_path(profile: dict, models_dir: str) -> str:
+    """What ``vllm serve`` is given: the staged ``<models_dir>/<name>@<revision>`` for a
+    profile with weights, else its model."""
+    weights = profile.get("weights")
+    if weights is None:
+        return profile["model"]
+    return f"{models_dir.rstrip('/')}/{model_dirname(weights['name'], weights['revision'])}"
 
 
 def served_names(profile: Any) -> list[str]:

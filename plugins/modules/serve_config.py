@@ -35,7 +35,9 @@ options:
     required: true
   profile:
     description:
-      - The serving profile. C(name) and C(model) are required strings; C(serve_args) maps long
+      - The serving profile. C(name) is a required string, and C(model) (a path or id the site
+        provides) or C(weights) - C(name), C(revision) and optionally C(hub_repo) of a model the
+        vllm_model role stages under O(models_dir), served from there; C(serve_args) maps long
         C(vllm serve) flag names (C(kv-cache-dtype), C(--kv_cache_dtype) or C(no-enforce-eager))
         to values; C(env) maps environment variable names to text; C(description) is free text.
       - Any other key fails (a misspelt C(serve-args) would otherwise serve the defaults).
@@ -62,6 +64,12 @@ options:
   header:
     description:
       - Text put at the top of both files as C(#) comment lines.
+    type: str
+    default: ""
+  models_dir:
+    description:
+      - Where staged models live on the node (C(vllm_fleet_models_dir)); a profile with
+        C(weights) serves C(<models_dir>/<name>@<revision>).
     type: str
     default: ""
 attributes:
@@ -153,4 +161,5 @@ ARGUMENT_SPEC = dict(
     role_env=dict(type="dict", default={}),
     reserved_env=dict(type="dict", default={}),
     header=dict(type="str", default=""),
+    models_dir=dict(type="str", default=""),
 )

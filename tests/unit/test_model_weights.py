@@ -1,0 +1,693 @@
+"""module_utils/model_weights.py and the model_weights module's run(), as plain Python.
+
+Mirrors are a directory and a real HTTP server (http.server on 127.0.0.1) whose
+SHA256SUMS the real ``sha256sum`` wrote; the Hub source runs the real huggingface_hub
+client against tests/fixtures/hub_endpoint.py, a composed local stand-in for the Hub API.
+"""
+import base64
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from contextlib import contextmanager
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.model_weights import (
+    MARKER,
+    HubSource,
+    MirrorSource,
+    WeightsError,
+    check,
+    check_model,
+    parse_sums,
+    prune,
+    read_token,
+    stage,
+)
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import dump_config, model_path
+from ansible_collections.vllm_fleet.fleet.plugins.modules.model_weights import ARGUMENT_SPEC, run
+from tests.fixtures.hub_endpoint import FakeHub, git_blob_sha1
+
+try:  # a test dependency (pyproject); the Hub source's tests need it, the rest do not
+    import huggingface_hub.constants as HF_CONSTANTS
+except ImportError:  # pragma: no cover
+    HF_CONSTANTS = None
+
+SHARD = "model-00001-of-00002.safetensors"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+TOKEN = "hf_TestTokenValue0123456789"
+AS_ROOT = os.geteuid() == 0
+needs_hub = pytest.mark.skipif(HF_CONSTANTS is None, reason="huggingface_hub (a test dependency) is not installed")
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def make_model(mirror, name="m", revision="r1", *, binary=False, shard_bytes=1 << 20) -> dict:
+    """``<mirror>/<name>/<revision>/`` with a few files and SHA256SUMS by the real sha256sum."""
+    rev = mirror / name / revision
+    files = {
+        "config.json": b'{"architectures": ["Qwen3MoeForCausalLM"]}\n',
+        SHARD: os.urandom(shard_bytes),
+        "model-00002-of-00002.safetensors": os.urandom(4096),
+        "sub/x.json": b'{"x": 1}\n',
+    }
+    for rel, data in files.items():
+        (rev / rel).parent.mkdir(parents=True, exist_ok=True)
+        (rev / rel).write_bytes(data)
+    argv = ["sha256sum", *(["-b"] if binary else []), "config.json",
+            SHARD, "model-00002-of-00002.safetensors", "sub/x.json"]
+    sums = subprocess.run(argv, cwd=rev, check=True, capture_output=True).stdout
+    (rev / "SHA256SUMS").write_bytes(sums)
+    return files
+
+
+def listing(path) -> list:
+    return sorted(os.listdir(path))
+
+
+def assert_nothing_left(models_dir):
+    """No model directory, no .staging- (nor anything else) after a failed or dry stage."""
+    assert listing(models_dir) == []
+
+
+def params(**values) -> dict:
+    """The module's parameters as AnsibleModule would fill them (reserve_gib 0 here)."""
+    filled = {key: spec.get("default") for key, spec in ARGUMENT_SPEC.items()}
+    filled.update(reserve_gib=0)
+    filled.update(values)
+    return filled
+
+
+@contextmanager
+def http_mirror(root, *, credentials=None):
+    """SimpleHTTPRequestHandler serving root on 127.0.0.1; yields (url, requests seen).
+    With credentials ("user:pass") it answers 401 unless the Basic header carries them."""
+    seen = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+        def _allowed(self):
+            seen.append((self.command, self.path, self.headers.get("Authorization")))
+            if credentials and self.headers.get("Authorization") != (
+                    "Basic " + base64.b64encode(credentials.encode()).decode()):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="models"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return False
+            return True
+
+        def do_GET(self):
+            if self._allowed():
+                super().do_GET()
+
+        def do_HEAD(self):
+            if self._allowed():
+                super().do_HEAD()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def models_dir(tmp_path):
+    path = tmp_path / "models"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def mirror(tmp_path):
+    path = tmp_path / "mirror"
+    path.mkdir()
+    return path
+
+
+def assert_staged(models_dir, name, revision, files):
+    final = models_dir / f"{name}@{revision}"
+    for rel, data in files.items():
+        assert (final / rel).read_bytes() == data, rel
+    marker = json.loads((final / MARKER).read_text())
+    assert marker["name"] == name and marker["revision"] == revision
+    assert marker["files"] == {rel: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                               for rel, data in files.items()}
+    assert listing(models_dir) == [f"{name}@{revision}"]  # no .staging- left
+    return marker
+
+
+# --- SHA256SUMS as the real tool writes it -------------------------------------------------
+
+
+@pytest.mark.parametrize("binary, separator", [(False, "  "), (True, " *")])
+def test_parse_sums_reads_the_real_sha256sum_output(mirror, binary, separator):
+    files = make_model(mirror, binary=binary)
+    text = (mirror / "m" / "r1" / "SHA256SUMS").read_text()
+    assert all(line[64:66] == separator for line in text.splitlines())  # the tool's own format
+    assert parse_sums(text, "SHA256SUMS") == {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+
+
+@pytest.mark.parametrize("line, words", [
+    (f"{'a' * 64}  ../etc/passwd", ["../etc/passwd", "not a plain relative path"]),
+    (f"{'a' * 64}  /etc/passwd", ["/etc/passwd", "not a plain relative path"]),
+    (f"{'a' * 64}  sub//x.json", ["sub//x.json", "not a plain relative path"]),
+    (f"{'a' * 63}  config.json", ["line 2", "not a sha256sum line"]),
+    ("config.json  " + "a" * 64, ["line 2", "not a sha256sum line"]),
+])
+def test_parse_sums_refuses_escaping_and_malformed_lines(line, words):
+    with pytest.raises(WeightsError) as err:
+        parse_sums(f"{'b' * 64}  ok.json\n{line}\n", "SHA256SUMS")
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_parse_sums_refuses_a_file_listed_twice_and_an_empty_list():
+    with pytest.raises(WeightsError, match="listed twice"):
+        parse_sums(f"{'a' * 64}  x\n{'b' * 64} *x\n", "S")
+    with pytest.raises(WeightsError, match="lists no file"):
+        parse_sums("\n\n", "S")
+
+
+# --- the mirror as a directory -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_stage_from_a_directory_mirror_then_idempotent(models_dir, mirror, binary):
+    files = make_model(mirror, binary=binary)
+    result = stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"), now=lambda: 1234.5)
+    assert result == {"changed": True, "path": str(models_dir / "m@r1"), "files": 4,
+                      "bytes": sum(map(len, files.values())), "source": str(mirror / "m" / "r1")}
+    marker = assert_staged(models_dir, "m", "r1", files)
+    assert marker["staged_at"] == 1234.5 and marker["source"] == str(mirror / "m" / "r1")
+    assert "SHA256SUMS" not in marker["files"]
+
+    shutil.rmtree(mirror)  # the source is gone: a second stage must not need it
+    again = stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert again == {**result, "changed": False}
+    verified = check(str(models_dir), "m", "r1", rehash=True)
+    assert verified["verified"] is True and verified["problems"] == []
+    assert (verified["files"], verified["bytes"]) == (4, result["bytes"])
+
+
+def test_a_relative_mirror_is_refused():
+    with pytest.raises(WeightsError, match="neither an absolute directory"):
+        MirrorSource("models/mirror", "m", "r1")
+
+
+# --- the mirror over HTTP ------------------------------------------------------------------
+
+
+def test_stage_from_an_http_mirror_then_idempotent(models_dir, mirror):
+    files = make_model(mirror)
+    with http_mirror(mirror) as (url, seen):
+        source = MirrorSource(url, "m", "r1", timeout=10)
+        result = stage(str(models_dir), "m", "r1", source)
+        assert result["changed"] is True and result["files"] == 4
+        assert result["source"] == f"{url}/m/r1"
+        gets = sorted(path for method, path, _ in seen if method == "GET")
+        assert gets == sorted(f"/m/r1/{rel}" for rel in [*files, "SHA256SUMS"])
+        assert_staged(models_dir, "m", "r1", files)
+
+        seen.clear()
+        again = stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10))
+        assert again == {**result, "changed": False}
+        assert seen == []  # nothing downloaded, not even SHA256SUMS
+    assert check(str(models_dir), "m", "r1", rehash=True)["verified"] is True
+
+
+def test_http_mirror_credentials_go_in_a_header_and_nowhere_else(models_dir, mirror):
+    files = make_model(mirror, shard_bytes=4096)
+    with http_mirror(mirror, credentials="fleet:secret") as (url, seen):
+        with_credentials = url.replace("http://", "http://fleet:secret@")
+        result = run(params(models_dir=str(models_dir), name="m", revision="r1", mirror=with_credentials),
+                     check_mode=False)
+        expected = "Basic " + base64.b64encode(b"fleet:secret").decode()
+        assert seen and all(header == expected for _, _, header in seen)
+    assert result["changed"] is True and result["model"]["source"] == f"{url}/m/r1"
+    assert "secret" not in json.dumps(result)
+    assert "secret" not in (models_dir / "m@r1" / MARKER).read_text()
+    assert_staged(models_dir, "m", "r1", files)
+
+
+def test_http_mirror_without_the_credentials_it_wants_is_a_clear_401(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    with http_mirror(mirror, credentials="fleet:secret") as (url, _):
+        with pytest.raises(WeightsError) as err:
+            stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10))
+    assert "401" in str(err.value) and "SHA256SUMS" in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+def test_check_mode_downloads_nothing_and_creates_nothing(models_dir, mirror):
+    files = make_model(mirror)
+    with http_mirror(mirror) as (url, seen):
+        result = stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10), check_mode=True)
+        assert [path for method, path, _ in seen if method == "GET"] == ["/m/r1/SHA256SUMS"]
+    assert result == {"changed": True, "path": str(models_dir / "m@r1"), "files": 4,
+                      "bytes": sum(map(len, files.values())), "source": f"{url}/m/r1"}
+    assert_nothing_left(models_dir)
+    # The module's run() in check mode: the same, from the directory mirror.
+    dry = run(params(models_dir=str(models_dir), name="m", revision="r1", mirror=str(mirror)), check_mode=True)
+    assert dry["changed"] is True and dry["model"]["files"] == 4
+    assert_nothing_left(models_dir)
+
+
+# --- negative controls: the message names the problem, nothing is left --------------------
+
+
+def test_a_file_that_does_not_match_its_sum_is_refused(models_dir, mirror):
+    files = make_model(mirror)
+    corrupt = bytearray(files[SHARD])
+    corrupt[1000] ^= 0xFF
+    (mirror / "m" / "r1" / SHARD).write_bytes(bytes(corrupt))
+    with http_mirror(mirror) as (url, _):
+        with pytest.raises(WeightsError) as err:
+            stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10))
+    message = str(err.value)
+    assert SHARD in message
+    assert hashlib.sha256(files[SHARD]).hexdigest() in message  # what SHA256SUMS says
+    assert hashlib.sha256(bytes(corrupt)).hexdigest() in message  # what came
+    assert_nothing_left(models_dir)
+
+
+def test_a_file_of_another_size_than_served_is_refused(models_dir, mirror):
+    make_model(mirror)
+    (mirror / "m" / "r1" / "sub" / "x.json").write_bytes(b'{"x": 22}\n')  # after sha256sum ran
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert "sub/x.json" in str(err.value) and "sha256" in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+def test_a_revision_the_mirror_does_not_have(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    with http_mirror(mirror) as (url, _):
+        with pytest.raises(WeightsError) as err:
+            stage(str(models_dir), "m", "r2", MirrorSource(url, "m", "r2", timeout=10))
+    assert "404" in str(err.value) and f"{url}/m/r2/SHA256SUMS" in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+def test_a_file_listed_but_absent_from_a_directory_mirror(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    (mirror / "m" / "r1" / "sub" / "x.json").unlink()
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert "sub/x.json is listed in SHA256SUMS but cannot be read" in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+def test_an_unreachable_mirror(models_dir):
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=5))
+    assert "cannot read" in str(err.value) and f"{url}/m/r1/SHA256SUMS" in str(err.value)
+    assert "refused" in str(err.value).lower()
+    assert_nothing_left(models_dir)
+
+
+def test_a_reserve_larger_than_the_disk(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"), reserve_bytes=10**18)
+    message = str(err.value)
+    assert "GiB free" in message and "vllm_fleet_model_reserve_gib" in message and str(models_dir) in message
+    assert_nothing_left(models_dir)
+
+
+@pytest.mark.parametrize("bad", ["../etc/passwd", "/etc/passwd"])
+def test_a_sums_line_that_escapes_the_model(models_dir, mirror, bad):
+    make_model(mirror, shard_bytes=16)
+    sums = mirror / "m" / "r1" / "SHA256SUMS"
+    sums.write_text(sums.read_text() + f"{hashlib.sha256(b'root').hexdigest()}  {bad}\n")
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert bad in str(err.value) and "line 5" in str(err.value)
+    assert_nothing_left(models_dir)
+    assert not (models_dir.parent / "etc").exists()
+
+
+def test_a_malformed_sums_line(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    sums = mirror / "m" / "r1" / "SHA256SUMS"
+    sums.write_text("garbage line without a hash\n" + sums.read_text())
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert "line 1" in str(err.value) and "not a sha256sum line" in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+# --- check() and a model that broke after staging ------------------------------------------
+
+
+def test_check_finds_a_truncated_file_and_stage_refuses_to_paper_over_it(models_dir, mirror):
+    files = make_model(mirror)
+    stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    with open(models_dir / "m@r1" / SHARD, "r+b") as handle:
+        handle.truncate(100)
+    found = check(str(models_dir), "m", "r1")
+    assert found["present"] is True and found["verified"] is False
+    assert found["problems"] == [f"{SHARD} is 100 bytes, staged as {len(files[SHARD])}"]
+
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert "no longer complete" in str(err.value) and SHARD in str(err.value)
+    assert f"remove {models_dir / 'm@r1'}" in str(err.value)
+    assert (models_dir / "m@r1" / SHARD).stat().st_size == 100  # left as it was, for a person to see
+
+    with pytest.raises(WeightsError, match="not ready"):
+        run(params(models_dir=str(models_dir), name="m", revision="r1", state="verified"), check_mode=False)
+
+
+def test_check_with_rehash_finds_same_size_corruption(models_dir, mirror):
+    make_model(mirror, shard_bytes=4096)
+    stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    path = models_dir / "m@r1" / "sub" / "x.json"
+    path.write_bytes(path.read_bytes().replace(b"1", b"2"))
+    assert check(str(models_dir), "m", "r1")["verified"] is True  # sizes only
+    rehashed = check(str(models_dir), "m", "r1", rehash=True)
+    assert rehashed["verified"] is False
+    assert rehashed["problems"] == ["sub/x.json no longer has the sha256 it was staged with"]
+
+
+def test_check_of_a_file_removed_after_staging(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    (models_dir / "m@r1" / "config.json").unlink()
+    assert check(str(models_dir), "m", "r1")["problems"] == ["config.json is missing"]
+
+
+def test_verified_through_the_module_for_a_model_never_staged(models_dir):
+    with pytest.raises(WeightsError) as err:
+        run(params(models_dir=str(models_dir), name="m", revision="r1", state="verified"), check_mode=False)
+    assert "the model m@r1 is not ready" in str(err.value) and "not staged" in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+def test_verified_through_the_module_for_a_staged_model(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    result = run(params(models_dir=str(models_dir), name="m", revision="r1", state="verified", rehash=True),
+                 check_mode=False)
+    assert result["changed"] is False and result["model"]["verified"] is True
+
+
+def test_the_module_without_a_source(models_dir):
+    with pytest.raises(WeightsError, match="has no source"):
+        run(params(models_dir=str(models_dir), name="m", revision="r1"), check_mode=False)
+
+
+# --- prune() -------------------------------------------------------------------------------
+
+
+def staged_models(models_dir, mirror, *dirnames):
+    for dirname in dirnames:
+        name, revision = dirname.split("@")
+        make_model(mirror, name, revision, shard_bytes=64)
+        stage(str(models_dir), name, revision, MirrorSource(str(mirror), name, revision))
+        assert check(str(models_dir), name, revision)["verified"]
+
+
+def test_prune_keeps_the_named_and_the_protected(tmp_path, models_dir, mirror):
+    staged_models(models_dir, mirror, "a@1", "a@10", "b@2", "c@3")
+    (models_dir / ".staging-x@y" / "sub").mkdir(parents=True)
+    (models_dir / "notes.txt").write_text("not a model\n")
+    (models_dir / "lost+found").mkdir()
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "gpu0.yaml").write_text(dump_config({"model": str(models_dir / "a@1"), "port": 8000},
+                                                  header="written by the role"))
+    assert f'model: "{models_dir}/a@1"' in (config / "gpu0.yaml").read_text()
+    protect = [str(models_dir / "b@2")]
+    expected = {"kept": ["a@1", "b@2"], "removed": [".staging-x@y", "a@10", "c@3"],
+                "ignored": ["lost+found", "notes.txt"]}
+    before = listing(models_dir)
+
+    dry = run(params(models_dir=str(models_dir), state="pruned", protect=protect,
+                     config_dirs=[str(config), str(tmp_path / "absent")]), check_mode=True)
+    assert dry == {"changed": True, "prune": expected}
+    assert listing(models_dir) == before
+
+    assert prune(str(models_dir), protect, [str(config)]) == {"changed": True, **expected}
+    assert listing(models_dir) == ["a@1", "b@2", "lost+found", "notes.txt"]
+    assert check(str(models_dir), "a", "1", rehash=True)["verified"]
+    assert check(str(models_dir), "b", "2", rehash=True)["verified"]
+
+    again = prune(str(models_dir), protect, [str(config)])
+    assert again["changed"] is False and again["removed"] == []
+
+
+def test_prune_a_path_does_not_protect_a_longer_one_it_prefixes(tmp_path, models_dir, mirror):
+    staged_models(models_dir, mirror, "a@1", "a@10")
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "gpu1.yaml").write_text(dump_config({"model": str(models_dir / "a@10")}))
+    result = prune(str(models_dir), [], [str(config)])
+    assert (result["kept"], result["removed"]) == (["a@10"], ["a@1"])
+    assert listing(models_dir) == ["a@10"]
+    # and the other way round, through protect
+    staged_models(models_dir, mirror, "a@1")
+    result = prune(str(models_dir), [str(models_dir / "a@1")], [])
+    assert (result["kept"], result["removed"]) == (["a@1"], ["a@10"])
+
+
+def test_prune_keeps_what_model_path_names_with_a_trailing_slash_on_models_dir(tmp_path, models_dir, mirror):
+    """The role protects ``model_path(profile, models_dir)`` and configurations hold it: a
+    models_dir given as ``.../models/`` must still match prune's own paths."""
+    staged_models(models_dir, mirror, "a@1", "b@2")
+    slashed = str(models_dir) + "/"
+    served = model_path({"weights": {"name": "a", "revision": "1"}}, slashed)
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "gpu0.yaml").write_text(dump_config({"model": served}))
+    result = prune(slashed, [served], [str(config)])
+    assert (result["kept"], result["removed"]) == (["a@1"], ["b@2"])
+
+
+def test_prune_of_a_missing_models_dir(tmp_path):
+    assert prune(str(tmp_path / "nothing"), [], []) == {"changed": False, "kept": [], "removed": [], "ignored": []}
+
+
+# --- read_token() --------------------------------------------------------------------------
+
+
+def token_file(tmp_path, text, mode):
+    path = tmp_path / "hf-token"
+    path.write_text(text)
+    os.chmod(path, mode)
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660], ids=lambda mode: f"{mode:04o}")
+def test_a_token_file_others_can_read_is_refused(tmp_path, mode):
+    path = token_file(tmp_path, TOKEN + "\n", mode)
+    with pytest.raises(WeightsError) as err:
+        read_token(path)
+    message = str(err.value)
+    assert f"mode {mode:04o}" in message and f"chmod 0600 {path}" in message
+    assert TOKEN not in message
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="a token file must be owned by root: the tests run as root here")
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_a_root_only_token_file_is_read_stripped(tmp_path, mode):
+    assert read_token(token_file(tmp_path, f"  {TOKEN}\n\n", mode)) == TOKEN
+
+
+@pytest.mark.skipif(AS_ROOT, reason="as root the file is owned by root")
+def test_a_token_file_not_owned_by_root_is_refused(tmp_path):
+    with pytest.raises(WeightsError) as err:
+        read_token(token_file(tmp_path, TOKEN, 0o600))
+    assert f"owner uid {os.geteuid()}" in str(err.value) and TOKEN not in str(err.value)
+
+
+@pytest.mark.parametrize("text", [f"{TOKEN}\nhf_second_token_value\n", f"{TOKEN} hf_second_token_value", "\n  \n"])
+def test_a_token_file_must_hold_one_token(tmp_path, text):
+    path = token_file(tmp_path, text, 0o600)
+    with pytest.raises(WeightsError) as err:
+        read_token(path)
+    assert TOKEN not in str(err.value) and "hf_second_token_value" not in str(err.value)
+    if AS_ROOT:
+        assert "must hold one token" in str(err.value)
+
+
+def test_a_missing_token_file(tmp_path):
+    with pytest.raises(WeightsError, match="cannot read .*No such file"):
+        read_token(str(tmp_path / "absent"))
+
+
+# --- check_model() -------------------------------------------------------------------------
+
+
+def test_check_model_returns_a_good_map():
+    assert check_model({"name": "qwen3.6-35b-a3b-nvfp4", "revision": "2026-11-30"}) == {
+        "name": "qwen3.6-35b-a3b-nvfp4", "revision": "2026-11-30"}
+    hub = {"name": "m", "revision": COMMIT, "hub_repo": "org/Model-1.5"}
+    assert check_model(hub) == hub
+    assert check_model({"name": "m", "revision": "r1", "hub_repo": None}) == {"name": "m", "revision": "r1"}
+
+
+@pytest.mark.parametrize("weights, words", [
+    ({"name": "m", "revision": "main", "hub_repo": "org/m"}, ["'main'", "40-hex commit"]),
+    ({"name": "m", "revision": COMMIT.upper(), "hub_repo": "org/m"}, ["40-hex commit"]),
+    ({"name": "m"}, ["profile.weights.revision", "is required"]),
+    ({"name": "m", "hub_repo": "org/m"}, ["profile.weights.revision", "40-hex commit"]),
+    ({"name": "m", "revision": "r1", "sha": "x", "Revision": "y"},
+     ["unknown key(s) Revision, sha", "allowed: name, revision, hub_repo"]),
+    ({"name": "../m", "revision": "r1"}, ["profile.weights.name", "not a directory name"]),
+    ({"name": "m", "revision": "../r1"}, ["profile.weights.revision"]),
+    ({"name": "m", "revision": COMMIT, "hub_repo": "just-a-name"}, ["hub_repo", "owner/name"]),
+    ("m@r1", ["not a mapping"]),
+])
+def test_check_model_refuses(weights, words):
+    with pytest.raises(WeightsError) as err:
+        check_model(weights)
+    for word in words:
+        assert word in str(err.value)
+
+
+# --- the Hub, through the real huggingface_hub client and a local stand-in -----------------
+
+
+HUB_FILES = {
+    "config.json": b'{"architectures": ["Qwen3MoeForCausalLM"]}\n',
+    SHARD: os.urandom(1 << 20),
+    "sub/tokenizer.json": b'{"version": "1.0"}\n',
+}
+LFS = {SHARD}
+
+
+@pytest.fixture(autouse=True)
+def hub_cache(tmp_path, monkeypatch):
+    """huggingface_hub's own cache (it may copy a cached file) in tmp, never the machine's."""
+    if HF_CONSTANTS is not None:
+        monkeypatch.setattr(HF_CONSTANTS, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+
+
+@needs_hub
+def test_the_stand_in_lists_what_the_client_reads():
+    from huggingface_hub import HfApi
+
+    with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS) as hub:
+        info = HfApi(endpoint=hub.url, token=False).model_info("org/m", revision=COMMIT, files_metadata=True)
+    siblings = {sibling.rfilename: sibling for sibling in info.siblings}
+    assert siblings["config.json"].blob_id == git_blob_sha1(HUB_FILES["config.json"])
+    assert siblings["config.json"].lfs is None
+    assert siblings[SHARD].lfs.sha256 == hashlib.sha256(HUB_FILES[SHARD]).hexdigest()
+    assert siblings[SHARD].lfs.size == len(HUB_FILES[SHARD])
+    # git's blob id, as `git hash-object` computes it
+    assert git_blob_sha1(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+@needs_hub
+@pytest.mark.skipif(not AS_ROOT, reason="the token file must be owned by root")
+def test_stage_from_the_hub_with_a_token(tmp_path, models_dir):
+    path = token_file(tmp_path, TOKEN + "\n", 0o600)
+    with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS, token=TOKEN) as hub:
+        result = run(params(models_dir=str(models_dir), name="m", revision=COMMIT, hub_repo="org/m",
+                            hub_endpoint=hub.url, hub_token_file=path), check_mode=False)
+        assert hub.requests and all(headers.get("Authorization") == f"Bearer {TOKEN}"
+                                    for _, _, headers in hub.requests)
+        downloaded = sorted(p for method, p, _ in hub.requests if method == "GET" and "/resolve/" in p)
+        assert downloaded == sorted(f"/org/m/resolve/{COMMIT}/{rel}" for rel in HUB_FILES)
+
+        hub.requests.clear()
+        again = run(params(models_dir=str(models_dir), name="m", revision=COMMIT, hub_repo="org/m",
+                           hub_endpoint=hub.url, hub_token_file=path), check_mode=False)
+        assert again == {**result, "changed": False} and hub.requests == []
+    assert result["changed"] is True
+    assert result["model"] == {"path": str(models_dir / f"m@{COMMIT}"), "files": 3,
+                               "bytes": sum(map(len, HUB_FILES.values())),
+                               "source": f"{hub.url}/org/m@{COMMIT}"}
+    assert TOKEN not in json.dumps(result)
+    assert TOKEN not in (models_dir / f"m@{COMMIT}" / MARKER).read_text()
+    assert_staged(models_dir, "m", COMMIT, HUB_FILES)
+    # the client's download folders (.hub-*, .cache/huggingface) are gone
+    leftovers = [os.path.join(root, entry) for root, dirs, names in os.walk(models_dir)
+                 for entry in dirs + names if entry.startswith(".")]
+    assert leftovers == []
+    assert check(str(models_dir), "m", COMMIT, rehash=True)["verified"] is True
+
+
+@needs_hub
+def test_a_private_hub_repo_without_the_token(models_dir):
+    with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS, token=TOKEN) as hub:
+        with pytest.raises(WeightsError) as err:
+            stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url))
+        assert all("Authorization" not in headers for _, _, headers in hub.requests)
+    assert "the Hub refused" in str(err.value) and "401" in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (SHARD, ["sha256", hashlib.sha256(HUB_FILES[SHARD]).hexdigest()]),  # LFS: by its sha256
+    ("config.json", ["git blob", git_blob_sha1(HUB_FILES["config.json"])]),  # git file: by its blob id
+])
+@needs_hub
+def test_the_hub_serving_other_bytes_than_it_lists(models_dir, bad, words):
+    other = bytes(reversed(HUB_FILES[bad]))
+    assert len(other) == len(HUB_FILES[bad]) and other != HUB_FILES[bad]
+    with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS, serve={bad: other}) as hub:
+        with pytest.raises(WeightsError) as err:
+            stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url))
+    assert str(err.value).startswith(f"{bad} from {hub.url}/org/m@{COMMIT}")
+    for word in words:
+        assert word in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+@needs_hub
+@pytest.mark.parametrize("repo, revision, status", [("org/missing", COMMIT, "404"), ("org/m", "f" * 40, "404")])
+def test_a_hub_repo_or_commit_that_does_not_exist(models_dir, repo, revision, status):
+    with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS) as hub:
+        with pytest.raises(WeightsError) as err:
+            stage(str(models_dir), "m", revision, HubSource(repo, revision, endpoint=hub.url))
+    assert "the Hub refused" in str(err.value) and f"{repo}@{revision}" in str(err.value)
+    assert status in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+@needs_hub
+def test_an_unreachable_hub(models_dir):
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=endpoint))
+    assert "cannot reach the Hub" in str(err.value) and f"{endpoint}/org/m@{COMMIT}" in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+@needs_hub
+def test_a_hub_file_that_vanished_after_the_listing(models_dir, monkeypatch):
+    """The listing names a file the resolve endpoint no longer has (a 404 on download)."""
+    with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS) as hub:
+        listing_ = hub.info()
+        monkeypatch.setattr(hub, "info", lambda: listing_)
+        hub.files = {rel: data for rel, data in HUB_FILES.items() if rel != "sub/tokenizer.json"}
+        with pytest.raises(WeightsError) as err:
+            stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url))
+    assert "sub/tokenizer.json" in str(err.value) and "404" in str(err.value)
+    assert_nothing_left(models_dir)
