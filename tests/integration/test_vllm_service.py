@@ -342,7 +342,7 @@ def test_prestaging_another_release_does_not_restart_or_move_current(served, pre
 
 def test_cutover_to_a_blocked_release_fails_before_anything_changes(served, prestaged):
     before = served.units()
-    run = served.play("service.yml", "cutover", vllm_fleet_service_release_id=ID_B)
+    run = served.play("service.yml", "cutover", vllm_fleet_switch_release_id=ID_B)
 
     assert run.rc != 0
     assert f"[{CUDNN_BLOCKER}]" in run.output and "preflight blocked the rollout" in run.output
@@ -362,7 +362,7 @@ def test_cutover_then_rollback_returns_the_node_to_the_exact_previous_release(se
     assert served.loaded_cudnn() == "92400" and a["release"] == [ID_A, ID_A]
 
     # Cut over to B (its blocker accepted on purpose): current flips, the instance restarts on B.
-    run = served.play("service.yml", "cutover", vllm_fleet_service_release_id=ID_B,
+    run = served.play("service.yml", "cutover", vllm_fleet_switch_release_id=ID_B,
                       vllm_fleet_accepted_risks=ACCEPT_B)
     assert run.rc == 0, run.output[-5000:]
     assert re.search(rf"previous: {ID_A}\s+release: {ID_B}", run.output)

@@ -481,20 +481,31 @@ def test_every_task_that_touches_the_key_has_no_log():
         assert re.search(rf"\b{option}=dict\([^)]*no_log=True", source), f"{module}: {option} is not no_log"
 
 
+def test_release_switch_declares_each_default_on_the_entry_point_that_reads_it():
+    role = ROLE.parent / "release_switch"
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    assert set(specs) == {"cutover", "rollback", "mark_known_good"}
+    assert set(defaults) == set(specs["cutover"]["options"])
+    assert all(name.startswith("vllm_fleet_switch_") for name in defaults)
+    for name, spec in specs["cutover"]["options"].items():
+        assert spec.get("description") and spec.get("type"), name
+        if "default" in spec:
+            assert spec["default"] == defaults[name], name
+
+
 def test_every_role_variable_is_declared_in_the_argument_specs():
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]
     main = specs["main"]["options"]
     # the instances are the shared vllm_fleet_instances (fleet_defaults), declared here too
-    # the options of one entry point alone (cutover's, validate's, configure's) are declared there
-    own = {"vllm_fleet_service_release_id": "cutover", "vllm_fleet_service_cutover_current": "cutover",
-           "vllm_fleet_service_cutover_verified": "cutover", "vllm_fleet_service_validate_release": "validate",
-           "vllm_fleet_service_validate_cudnn": "validate", "vllm_fleet_service_instances_stopped": "configure"}
+    # the options of one entry point alone (validate's, configure's, restart's) are declared there
+    own = {"vllm_fleet_service_validate_release": "validate", "vllm_fleet_service_validate_cudnn": "validate",
+           "vllm_fleet_service_instances_stopped": "configure", "vllm_fleet_service_restart": "restart"}
     assert all(name in specs[entry]["options"] for name, entry in own.items())
     assert set(defaults) - set(own) == set(main) - {"vllm_fleet_instances"}
     assert "vllm_fleet_instances" in main and "vllm_fleet_instances" not in defaults
-    assert "vllm_fleet_service_release_id" in specs["cutover"]["options"]
-    for name, spec in {**main, **specs["cutover"]["options"], **specs["configure"]["options"]}.items():
+    for name, spec in {**main, **specs["restart"]["options"], **specs["configure"]["options"]}.items():
         assert spec.get("description"), f"{name} has no description"
         assert spec.get("type"), f"{name} has no type"
         if "default" in spec and name in defaults:
