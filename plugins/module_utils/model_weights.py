@@ -14,7 +14,8 @@ Sources:
   LFS files are checked against the Hub's sha256, the small git files against their git
   blob id. The token is read from a root-only file, never a parameter.
 
-Plain Python: the model_weights module calls in here; tests/unit calls it directly.
+Plain Python (HTTP through ansible.module_utils.urls): the model_weights module calls in
+here; tests/unit calls it directly.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ import stat
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
+
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+from ansible.module_utils.urls import open_url
 
 MARKER = "vllm-fleet-model.json"
 MARKER_SCHEMA_VERSION = 1
@@ -167,12 +170,12 @@ class MirrorSource:
         where = self._where(path)
         try:
             if self.remote:
-                request = urllib.request.Request(where, method=method, headers=self.headers)
-                return urllib.request.urlopen(request, timeout=self.timeout)
+                # Ansible's own client: proxies and CA bundles as every module honours them.
+                return open_url(where, method=method, headers=self.headers, timeout=self.timeout)
             return open(where, "rb")
         except urllib.error.HTTPError as exc:
             raise WeightsError(f"the mirror answered {exc.code} {exc.reason} for {self._shown(path)}") from None
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, UrlsConnectionError) as exc:
             reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
             raise WeightsError(f"cannot read {self._shown(path)} from the mirror: {reason}") from None
 

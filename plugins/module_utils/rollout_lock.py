@@ -138,8 +138,8 @@ def _refusal(path, lease, reason, break_holder):
             extra = (" vllm_fleet_rollout_break_lock=%s does not break it: it is not stale (it is neither past its "
                      "expiry nor provably gone)." % break_holder)
         return ("Another rollout holds the rollout lock %s: %s.%s Wait until it ends; if it was killed, the lease "
-                "becomes stale at %s and can then be broken. Nothing was changed." % (where, describe(lease), extra,
-                                                                                     lease["expires"]))
+                "becomes stale at %s and can then be broken. Nothing was changed."
+                % (where, describe(lease), extra, lease["expires"]))
     if break_holder and break_holder != lease["holder"]:
         return ("vllm_fleet_rollout_break_lock=%s does not name the holder of the stale rollout lock %s (%s; %s). "
                 "To break it: -e vllm_fleet_rollout_break_lock=%s. Nothing was changed."

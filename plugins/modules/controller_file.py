@@ -41,7 +41,7 @@ options:
     type: str
     default: "0644"
 author:
-  - vllm-fleet contributors
+  - vllm-fleet contributors (!UNKNOWN)
 """
 
 EXAMPLES = r"""

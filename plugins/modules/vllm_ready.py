@@ -133,7 +133,7 @@ ARGUMENT_SPEC = dict(
     delay=dict(type="float", default=5),
     request_timeout=dict(type="float", default=120),
     prompt=dict(type="str", required=True),
-    max_tokens=dict(type="int", default=8),
+    max_tokens=dict(type="int", default=8, no_log=False),  # a count, not a secret
 )
 
 
