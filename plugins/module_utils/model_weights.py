@@ -34,16 +34,16 @@ from dataclasses import dataclass
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import open_url
+# Staged like releases: the same .staging-/.pruning- names and the same removal.
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import (
+    PRUNING_PREFIX, STAGING_PREFIX, delete_side_by_side)
 
 MARKER = "vllm-fleet-model.json"
 MARKER_SCHEMA_VERSION = 1
 SUMS = "SHA256SUMS"
-STAGING_PREFIX = ".staging-"
-PRUNING_PREFIX = ".pruning-"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 _HUB_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}\Z")
 _COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
-_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 # `sha256sum` output: the hash, a space, then a space (text) or * (binary), then the name.
 _SUMS_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)\Z")
 CHUNK = 1 << 20
@@ -307,12 +307,13 @@ def check(models_dir: str, name: str, revision: str, *, rehash: bool = False) ->
     """Whether the model is present and complete: marker there, every file it lists there
     with its size (and, with rehash, its sha256). Read-only."""
     path = os.path.join(models_dir, model_dirname(name, revision))
-    result = {"path": path, "present": False, "verified": False, "files": 0, "bytes": 0, "problems": []}
+    result = {"path": path, "present": False, "verified": False, "files": 0, "bytes": 0, "source": None,
+              "problems": []}
     marker = read_marker(path)
     if marker is None:
         result["problems"].append(f"{path} is not staged (no {MARKER})")
         return result
-    result["present"] = True
+    result["present"], result["source"] = True, marker.get("source")
     for rel, expected in sorted(marker["files"].items()):
         file_path = os.path.join(path, relative_path(rel, f"{path}/{MARKER}"))
         try:
@@ -339,7 +340,7 @@ def stage(models_dir: str, name: str, revision: str, source, *, reserve_bytes: i
     present = check(models_dir, name, revision)
     if present["verified"]:
         return {"changed": False, "path": final, "files": present["files"], "bytes": present["bytes"],
-                "source": read_marker(final).get("source")}
+                "source": present["source"]}
     if present["present"]:
         raise WeightsError(f"{final} is staged but no longer complete ({'; '.join(present['problems'])}):"
                            f" remove {final} (not served now) and run again to stage it afresh")
@@ -402,10 +403,5 @@ def prune(models_dir: str, protect: list[str], config_dirs: list[str], *, check_
             removed.append(entry)
     if not check_mode:
         for entry in removed:
-            path = os.path.join(models_dir, entry)
-            if not entry.startswith((STAGING_PREFIX, PRUNING_PREFIX)):
-                # Renamed first: a prune cut short never leaves a half-deleted model that looks staged.
-                os.replace(path, os.path.join(models_dir, PRUNING_PREFIX + entry))
-                path = os.path.join(models_dir, PRUNING_PREFIX + entry)
-            shutil.rmtree(path)
+            delete_side_by_side(models_dir, entry)
     return {"changed": bool(removed), "kept": kept, "removed": removed, "ignored": ignored}

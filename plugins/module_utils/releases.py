@@ -468,10 +468,13 @@ def plan_prune(releases, keep: int, protected: dict):
     return kept, removed
 
 
-def _delete(releases_dir: str, name: str, rmtree) -> None:
-    path = os.path.join(releases_dir, name)
+def delete_side_by_side(directory: str, name: str, rmtree=shutil.rmtree) -> None:
+    """Remove directory/name, renamed to .pruning-<name> first (unless it is a staging or
+    pruning leftover already): a removal cut short never leaves a half-deleted tree that
+    looks complete. Releases and staged models (module_utils/model_weights.py) both go so."""
+    path = os.path.join(directory, name)
     if not name.startswith((STAGING_PREFIX, PRUNING_PREFIX)):
-        doomed = os.path.join(releases_dir, PRUNING_PREFIX + name)
+        doomed = os.path.join(directory, PRUNING_PREFIX + name)
         if os.path.lexists(doomed):
             rmtree(doomed)
         os.rename(path, doomed)
@@ -505,7 +508,7 @@ def prune_releases(root: str, keep: int, protect=(), links=DEFAULT_LINKS, check_
     kept, removed = plan_prune(releases, keep, protected)
     if not check_mode:
         for name in [r.name for r in removed] + leftovers:
-            _delete(releases_dir, name, rmtree)
+            delete_side_by_side(releases_dir, name, rmtree)
 
     verb = "would remove" if check_mode else "removed"
     gone = [r.name for r in removed]

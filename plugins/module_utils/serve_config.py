@@ -560,7 +560,7 @@ def _model_errors(profile: dict) -> list[str]:
     except WeightsError as exc:
         errors.append(str(exc))
     serve_args = profile.get("serve_args") if isinstance(profile.get("serve_args"), dict) else {}
-    if not any(normalise_flag(str(key)) == "served-model-name" for key in serve_args):
+    if not served_names({"serve_args": serve_args}):  # its names without the model fallback
         errors.append("profile.weights: a staged model needs serve_args.served-model-name, the name clients ask"
                       " for (vLLM would answer to the node's directory)")
     return errors
