@@ -21,6 +21,7 @@ from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config impo
     build,
     dump_env,
     load_schema,
+    model_path,
     size_value,
     validate_env,
     validate_serve_args,
@@ -511,3 +512,30 @@ def test_every_role_variable_is_declared_in_the_argument_specs():
         if "default" in spec and name in defaults:
             assert spec["default"] == defaults[name], name
     assert all(name.startswith("vllm_fleet_service_") for name in defaults)
+
+
+# --- a profile with staged weights ------------------------------------------------------------
+
+def staged(**weights_and_args):
+    prof = {key: value for key, value in STABLE.items() if key != "model"}
+    prof["weights"] = {"name": "qwen3.6-35b-a3b-nvfp4", "revision": "2026-11-30"}
+    return {**prof, **weights_and_args}
+
+
+def test_a_profile_with_weights_serves_its_staged_directory_and_records_the_weights():
+    result = build(SCHEMA_DOC, staged(), role_args=ROLE_ARGS, role_env=ROLE_ENV, models_dir="/opt/vllm-fleet/models/")
+    assert result["config"]["model"] == "/opt/vllm-fleet/models/qwen3.6-35b-a3b-nvfp4@2026-11-30"
+    # recorded as the plan gives it, so the known-good comparison compares the plan, not a path
+    assert result["profile"]["weights"] == staged()["weights"] and "model" not in result["profile"]
+    assert model_path(staged(), "/opt/vllm-fleet/models") == result["config"]["model"]
+    assert model_path(STABLE, "/opt/vllm-fleet/models") == STABLE["model"]
+
+
+def test_a_staged_model_needs_a_served_name_one_way_to_name_it_and_a_models_dir():
+    unnamed = staged(serve_args={k: v for k, v in STABLE["serve_args"].items() if k != "served-model-name"})
+    assert "a staged model needs serve_args.served-model-name" in one_error(unnamed, models_dir="/m")
+    assert "give model (a path the site provides) or weights" in one_error(staged(model="/models/x"), models_dir="/m")
+    assert "profile.weights.revision is required" in one_error(staged(weights={"name": "x"}), models_dir="/m")
+    assert one_error(staged()) == "profile.weights: staged models need models_dir (vllm_fleet_models_dir)"
+    # negative control: the same profile with its served name and a models_dir builds
+    build(SCHEMA_DOC, staged(), role_args=ROLE_ARGS, role_env=ROLE_ENV, models_dir="/m")
