@@ -73,7 +73,8 @@ def test_a_second_rollout_is_refused_at_once_naming_the_first_which_proceeds(fle
                      f"controller {lease['controller']}", f"pid {first.pid}", f"taken {lease['started']}",
                      "Nothing was changed"):
             assert word in second.output, (word, second.output[-4000:])
-        assert "PLAY [Preflight every targeted node and decide which need a turn]" not in second.output  # refused in the opening play
+        # Refused before any node was read (the first run's output shows that read, below).
+        assert "Read every node of the play, each of which must answer" not in second.output
         assert first.poll() is None, "the first run ended before the second was refused: no concurrency shown"
         after = json.loads(lease_path(fleet).read_text())
         assert (after["holder"], after["started"]) == (lease["holder"], lease["started"])  # the refusal left it alone
@@ -84,6 +85,7 @@ def test_a_second_rollout_is_refused_at_once_naming_the_first_which_proceeds(fle
         output = first.communicate(timeout=900)[0]
 
     assert first.returncode == 0, output[-4000:]
+    assert "Read every node of the play, each of which must answer" in output  # what the refused run never reached
     assert not lease_path(fleet).exists()  # released at the end
     for node in NODES:
         assert state(fleet, node)["current"] == FIXED_ID, node  # the first run rolled the fleet
@@ -118,6 +120,22 @@ def test_a_run_that_fails_after_taking_the_lock_releases_it(fleet):
     assert "TASK [vllm_fleet.fleet.rollout_node : Take the rollout lock on localhost]" in run.output
     assert "TASK [vllm_fleet.fleet.rollout_node : Release the rollout lock on localhost]" in run.output
     assert not lease_path(fleet).exists()
+
+
+def test_a_node_that_does_not_answer_once_the_lock_is_taken_releases_it(fleet):
+    # The opening play reads the nodes only once it holds the lock. A node that does not answer
+    # then is UNREACHABLE, and Ansible runs nothing more on it: the lock goes first.
+    before = state(fleet, "node01")
+    subprocess.run(["podman", "pause", fleet.prefix + "node02"], check=True, timeout=60)
+    try:
+        run = play(fleet, "rollout.yml", **TARGET)
+    finally:
+        subprocess.run(["podman", "unpause", fleet.prefix + "node02"], timeout=60)
+    assert run.rc != 0 and "UNREACHABLE" in run.output, run.output[-3000:]
+    assert "TASK [vllm_fleet.fleet.rollout_node : Take the rollout lock on localhost]" in run.output
+    assert "TASK [vllm_fleet.fleet.rollout_node : Stop at a node that does not answer]" in run.output
+    assert not lease_path(fleet).exists()
+    assert state(fleet, "node01") == before
 
 
 def test_a_check_run_leaves_no_lease(fleet):

@@ -502,6 +502,7 @@ def test_every_role_variable_is_declared_in_the_argument_specs():
     # the instances are the shared vllm_fleet_instances (fleet_defaults), declared here too
     # the options of one entry point alone (validate's, configure's, restart's) are declared there
     own = {"vllm_fleet_service_validate_release": "validate", "vllm_fleet_service_validate_cudnn": "validate",
+           "vllm_fleet_service_validate_gpu": "validate",
            "vllm_fleet_service_instances_stopped": "configure", "vllm_fleet_service_restart": "restart"}
     assert all(name in specs[entry]["options"] for name, entry in own.items())
     assert set(defaults) - set(own) == set(main) - {"vllm_fleet_instances"}
