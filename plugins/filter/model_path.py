@@ -39,10 +39,13 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import model_path as _model_path
+# The module_utils are imported when the filter runs: to find one filter, Ansible imports (and
+# compiles, collections have no .pyc) every filter file of the collection in each worker.
 
 
 def model_path(profile, models_dir):
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import model_path as _model_path
+
     try:
         return _model_path(profile, models_dir)
     except (KeyError, TypeError) as exc:

@@ -9,11 +9,18 @@ there); their documentation is in the sidecar YAML files next to this one.
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils import releases
+
+def _releases():
+    # Imported when a filter runs: to find one filter, Ansible imports (and compiles, collections
+    # have no .pyc) every filter file of the collection in each worker.
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils import releases
+
+    return releases
 
 
 def _wrap(func):
     def filter_(*args, **kwargs):
+        releases = _releases()
         try:
             return func(*args, **kwargs)
         except releases.ReleaseError as exc:
@@ -25,19 +32,19 @@ def _wrap(func):
 
 
 def release_check(result, release):
-    return releases.judge_check(result, release)
+    return _releases().judge_check(result, release)
 
 
 def release_cudnn_verdict(facts, release):
-    return releases.judge_cudnn(facts, release)
+    return _releases().judge_cudnn(facts, release)
 
 
 def release_resolve_failure(result, release, source):
-    return releases.resolve_failure(result, release, source)
+    return _releases().resolve_failure(result, release, source)
 
 
 def release_manifest(lock_text, release, check, cudnn_facts, cudnn_required_by, tools, source, created):
-    return releases.build_manifest(
+    return _releases().build_manifest(
         release=release, lock_text=lock_text, check=check, cudnn_facts=cudnn_facts,
         cudnn_required_by=cudnn_required_by, tools=tools, source=source, created=created,
     )

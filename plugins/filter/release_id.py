@@ -45,11 +45,14 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import ReleaseError
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import release_id as _release_id
+# The module_utils are imported when the filter runs: to find one filter, Ansible imports (and
+# compiles, collections have no .pyc) every filter file of the collection in each worker.
 
 
 def release_id(release):
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import ReleaseError
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import release_id as _release_id
+
     try:
         return _release_id(release)
     except ReleaseError as exc:

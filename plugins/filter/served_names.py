@@ -41,10 +41,13 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import served_names as _served_names
+# The module_utils are imported when the filter runs: to find one filter, Ansible imports (and
+# compiles, collections have no .pyc) every filter file of the collection in each worker.
 
 
 def served_names(profile):
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import served_names as _served_names
+
     try:
         return _served_names(profile)
     except ValueError as exc:

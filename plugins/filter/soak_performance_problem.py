@@ -57,13 +57,16 @@ _value:
     0 < tolerance < 0.5 (0.05 for 5%)
 """
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import (
-    SoakConfigError,
-    validate_performance_spec,
-)
+# The module_utils are imported when the filter runs: to find one filter, Ansible imports (and
+# compiles, collections have no .pyc) every filter file of the collection in each worker.
 
 
 def soak_performance_problem(baseline, tolerances, baseline_name="baseline", tolerances_name="tolerances"):
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import (
+        SoakConfigError,
+        validate_performance_spec,
+    )
+
     try:
         validate_performance_spec(baseline, tolerances, baseline_name=baseline_name, tolerances_name=tolerances_name)
     except SoakConfigError as exc:

@@ -32,8 +32,6 @@ import urllib.error
 import urllib.parse
 from dataclasses import dataclass
 
-from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
-from ansible.module_utils.urls import open_url
 # Staged like releases: the same .staging-/.pruning- names and the same removal.
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import (
     PRUNING_PREFIX, STAGING_PREFIX, delete_side_by_side)
@@ -167,10 +165,15 @@ class MirrorSource:
         return f"{self.base}/{urllib.parse.quote(path)}" if self.remote else os.path.join(self.base, path)
 
     def _open(self, path: str, method: str = "GET"):
+        # Ansible's own client (proxies and CA bundles as every module honours them), imported
+        # here: it pulls in ssl and cryptography (~35 ms), and the collection's filters load this
+        # file in every Ansible worker that templates one of them (Jinja2Loader imports every
+        # filter file of the collection to find one name), where no mirror is ever read.
+        from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+        from ansible.module_utils.urls import open_url
         where = self._where(path)
         try:
             if self.remote:
-                # Ansible's own client: proxies and CA bundles as every module honours them.
                 return open_url(where, method=method, headers=self.headers, timeout=self.timeout)
             return open(where, "rb")
         except urllib.error.HTTPError as exc:
