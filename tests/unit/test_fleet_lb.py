@@ -1,6 +1,6 @@
 """The fleet_lb role without a fleet: the real role (playbooks/lb.yml, local connection)
 writes HAProxy's config for a composed inventory; Debian's haproxy checks it. Its servers
-are named exactly as the rollout names them (rollout_node's _facts.yml, evaluated here), a
+are named exactly as the rollout names them (rollout_node's _from_state.yml, evaluated here), a
 second run changes nothing, check mode writes nothing, bad settings are refused naming the
 variable, and a config haproxy -c rejects never replaces the old one. The state dump
 (files/haproxy-save-state) is run against a stand-in admin socket."""
@@ -80,8 +80,8 @@ def rendered(tmp_path_factory) -> Path:
 
 
 def rollout_server_names(host: str, instances: list[dict]) -> list[str]:
-    """rollout_node's own expression for a node's server names (_facts.yml), evaluated."""
-    tasks = yaml.safe_load((ROOT / "roles" / "rollout_node" / "tasks" / "_facts.yml").read_text())
+    """rollout_node's own expression for a node's server names (_from_state.yml), evaluated."""
+    tasks = yaml.safe_load((ROOT / "roles" / "rollout_node" / "tasks" / "_from_state.yml").read_text())
     expression = next(t["ansible.builtin.set_fact"]["_vllm_fleet_rollout_servers"] for t in tasks
                       if "_vllm_fleet_rollout_servers" in t.get("ansible.builtin.set_fact", {}))
     env = jinja2.Environment()
