@@ -8,10 +8,11 @@ their documentation is in the sidecar YAML files next to this one.
 """
 
 import os
-import stat
 from urllib.parse import urlsplit
 
 from ansible.errors import AnsibleFilterError
+
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.secret_file import SecretFileError, read_secret_file
 
 VARIABLE = "vllm_fleet_notify_webhooks"
 EVENTS = ("started", "verdict", "halted", "converged")
@@ -19,7 +20,6 @@ FORMATS = ("json", "slack")
 KEYS = {"name", "url", "url_file", "token", "token_file", "format"}
 # The generic schema: every key present, null where the event has no value.
 FIELDS = ("event", "rollout", "host", "status", "release", "profile", "message", "time")
-MAX_SECRET_BYTES = 65536
 # One line each in Slack; the message, where there is one, follows.
 SLACK_TEXT = {
     "started": "Rollout {rollout} started: {release} with profile {profile}",
@@ -50,28 +50,9 @@ def redact(url):
 def read_secret(path, what):
     """A URL or token from a file the controller user owns and no one else can read."""
     try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise NotifyError(f"{what}: {path} cannot be read: {exc.strerror}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise NotifyError(f"{what}: {path} is not a regular file")
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077 or not mode & 0o400:
-        raise NotifyError(f"{what}: {path} is mode {mode:04o}; it must be readable by its owner only "
-                          "(0600 or 0400): it holds a secret")
-    if info.st_uid != os.geteuid():
-        raise NotifyError(f"{what}: {path} is owned by uid {info.st_uid}, not by the user that runs Ansible "
-                          f"(uid {os.geteuid()}); it must be that user's own, mode 0600 or 0400")
-    if info.st_size > MAX_SECRET_BYTES:
-        raise NotifyError(f"{what}: {path} is {info.st_size} bytes, more than {MAX_SECRET_BYTES}: not a URL or token")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            value = handle.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NotifyError(f"{what}: {path} cannot be read as UTF-8 text: {exc}") from None
-    if not value:
-        raise NotifyError(f"{what}: {path} is empty")
-    return value
+        return read_secret_file(path, what, owner_uid=os.geteuid(), owner="the user that runs Ansible")
+    except SecretFileError as exc:
+        raise NotifyError(str(exc)) from None
 
 
 def check_url(url, what):

@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import time
 import urllib.error
 import urllib.parse
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 # Staged like releases: the same .staging-/.pruning- names and the same removal.
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.releases import (
     PRUNING_PREFIX, STAGING_PREFIX, delete_side_by_side)
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.secret_file import SecretFileError, read_secret_file
 
 MARKER = "vllm-fleet-model.json"
 MARKER_SCHEMA_VERSION = 1
@@ -121,18 +121,12 @@ def parse_sums(text: str, where: str) -> dict[str, str]:
 
 
 def read_token(path: str) -> str:
-    """The Hub token from a file only root can read (mode 0600 or stricter, owner root)."""
+    """The Hub token from a file only root can read (mode 0600 or 0400, owner root)."""
     try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise WeightsError(f"vllm_fleet_model_hub_token_file: cannot read {path}: {exc.strerror}") from None
-    if info.st_uid != 0 or info.st_mode & 0o077 or not stat.S_ISREG(info.st_mode):
-        raise WeightsError(f"vllm_fleet_model_hub_token_file: {path} must be a file owned by root and readable by"
-                           f" it alone (mode 0600 or 0400); it is mode {stat.S_IMODE(info.st_mode):04o}, owner uid"
-                           f" {info.st_uid}. Fix it with: chown root:root {path}; chmod 0600 {path}")
-    with open(path, encoding="utf-8") as handle:
-        token = handle.read().strip()
-    if not token or any(ch.isspace() for ch in token):
+        token = read_secret_file(path, "vllm_fleet_model_hub_token_file", owner_uid=0, owner="root")
+    except SecretFileError as exc:
+        raise WeightsError(str(exc)) from None
+    if any(ch.isspace() for ch in token):
         raise WeightsError(f"vllm_fleet_model_hub_token_file: {path} must hold one token (no spaces or lines)")
     return token
 

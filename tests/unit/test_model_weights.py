@@ -522,7 +522,7 @@ def test_a_root_only_token_file_is_read_stripped(tmp_path, mode):
 def test_a_token_file_not_owned_by_root_is_refused(tmp_path):
     with pytest.raises(WeightsError) as err:
         read_token(token_file(tmp_path, TOKEN, 0o600))
-    assert f"owner uid {os.geteuid()}" in str(err.value) and TOKEN not in str(err.value)
+    assert f"is owned by uid {os.geteuid()}, not by root" in str(err.value) and TOKEN not in str(err.value)
 
 
 @pytest.mark.parametrize("text", [f"{TOKEN}\nhf_second_token_value\n", f"{TOKEN} hf_second_token_value", "\n  \n"])
@@ -532,11 +532,11 @@ def test_a_token_file_must_hold_one_token(tmp_path, text):
         read_token(path)
     assert TOKEN not in str(err.value) and "hf_second_token_value" not in str(err.value)
     if AS_ROOT:
-        assert "must hold one token" in str(err.value)
+        assert ("must hold one token" if text.strip() else "is empty") in str(err.value)
 
 
 def test_a_missing_token_file(tmp_path):
-    with pytest.raises(WeightsError, match="cannot read .*No such file"):
+    with pytest.raises(WeightsError, match="cannot be read: No such file"):
         read_token(str(tmp_path / "absent"))
 
 

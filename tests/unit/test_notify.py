@@ -66,7 +66,8 @@ def test_a_secret_file_others_can_read_is_refused(tmp_path, mode):
     with pytest.raises(NotifyError) as caught:
         read_secret(path, "vllm_fleet_notify_webhooks[0].token_file")
     assert str(caught.value) == (f"vllm_fleet_notify_webhooks[0].token_file: {path} is mode {mode:04o}; it must be "
-                                 "readable by its owner only (0600 or 0400): it holds a secret")
+                                 f"readable by its owner only (0600 or 0400): it holds a secret. Fix it with: "
+                                 f"chmod 0600 {path}")
 
 
 @pytest.mark.parametrize("mode", [0o600, 0o400])
@@ -110,7 +111,7 @@ def test_check_names_each_entry_and_key_and_never_a_secret(tmp_path):
         "'Authorization: Bearer <token>')",
         "vllm_fleet_notify_webhooks[4].format: 'xml' is not one of json, slack",
         f"vllm_fleet_notify_webhooks[5].token_file: {leaky} is mode 0644; it must be readable by its owner only "
-        "(0600 or 0400): it holds a secret",
+        f"(0600 or 0400): it holds a secret. Fix it with: chmod 0600 {leaky}",
         "vllm_fleet_notify_webhooks[6]: str is not a mapping of url or url_file, token or token_file, "
         "format (json or slack) and name",
     ]
