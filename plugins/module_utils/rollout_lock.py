@@ -226,3 +226,24 @@ def release(path, holder, check=False):
             if exc.errno != errno.ENOENT:
                 raise LockError("cannot remove the rollout lock %s on %s: %s" % (path, socket.gethostname(), exc))
     return True, current
+
+
+def lock_task(params, check=False):
+    """The rollout_lock task, wherever it runs (the module on the lock host, or the action
+    plugin in the controller's own process): params as the module's argument spec gives them.
+    Returns the task's result: changed, lease and broken, or failed and msg."""
+    if not params["holder"].strip():
+        return {"failed": True, "msg": "holder is empty: give the id of this run"}
+    if params["ttl"] < 1:
+        return {"failed": True, "msg": "ttl %d is not a number of seconds >= 1" % params["ttl"]}
+    try:
+        if params["state"] == "present":
+            changed, lease, broken = acquire(
+                params["path"], params["holder"], params["ttl"], params["controller"], params["pid"],
+                params["user"], break_holder=params["break_holder"], check=check)
+        else:
+            changed, lease = release(params["path"], params["holder"], check=check)
+            broken = None
+    except LockError as exc:
+        return {"failed": True, "msg": str(exc), "lease": getattr(exc, "lease", None) or {}, "broken": {}}
+    return {"changed": changed, "lease": lease or {}, "broken": broken or {}}

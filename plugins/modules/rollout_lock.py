@@ -105,40 +105,28 @@ broken:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.rollout_lock import LockError, acquire, release
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.rollout_lock import lock_task
+
+# Also validated by the action plugin of the same name (plugins/action/rollout_lock.py), which runs
+# the task in the controller's own process when the lock host is the controller.
+ARGUMENT_SPEC = dict(
+    path=dict(type="path", default="/var/lib/vllm-fleet/rollout.lock"),
+    state=dict(type="str", choices=["present", "absent"], default="present"),
+    holder=dict(type="str", required=True),
+    ttl=dict(type="int", default=14400),
+    controller=dict(type="str", default=""),
+    pid=dict(type="int", default=0),
+    user=dict(type="str", default=""),
+    break_holder=dict(type="str", default=""),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            path=dict(type="path", default="/var/lib/vllm-fleet/rollout.lock"),
-            state=dict(type="str", choices=["present", "absent"], default="present"),
-            holder=dict(type="str", required=True),
-            ttl=dict(type="int", default=14400),
-            controller=dict(type="str", default=""),
-            pid=dict(type="int", default=0),
-            user=dict(type="str", default=""),
-            break_holder=dict(type="str", default=""),
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
-    if not params["holder"].strip():
-        module.fail_json(msg="holder is empty: give the id of this run")
-    if params["ttl"] < 1:
-        module.fail_json(msg="ttl %d is not a number of seconds >= 1" % params["ttl"])
-    try:
-        if params["state"] == "present":
-            changed, lease, broken = acquire(
-                params["path"], params["holder"], params["ttl"], params["controller"], params["pid"],
-                params["user"], break_holder=params["break_holder"], check=module.check_mode)
-        else:
-            changed, lease = release(params["path"], params["holder"], check=module.check_mode)
-            broken = None
-    except LockError as exc:
-        lease = getattr(exc, "lease", None) or {}
-        module.fail_json(msg=str(exc), lease=lease, broken={})
-    module.exit_json(changed=changed, lease=lease or {}, broken=broken or {})
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    result = lock_task(module.params, check=module.check_mode)
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

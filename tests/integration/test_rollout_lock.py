@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from tests.fixtures.story import CUDNN_BLOCKER, EXIT0, FIXED, FIXED_ID, NVFP4, PRE_FIX, play, provisioned_fleet, state
+from tests.fixtures.story import (CUDNN_BLOCKER, EXIT0, FIXED, FIXED_ID, NVFP4, PRE_FIX, node_exec, play,
+                                  provisioned_fleet, state)
 from tests.integration.playbook import BIN, ROOT
 
 NODES = ["node01", "node02"]
@@ -153,3 +154,24 @@ def test_bad_lock_settings_are_refused_before_anything_changes(fleet, name, valu
     run = play(fleet, "rollout.yml", **TARGET, **{name: value})
     assert run.rc != 0 and words in run.output, run.output[-3000:]
     assert "Take the rollout lock" not in run.output and not lease_path(fleet).exists()
+
+
+def test_a_lock_host_reached_over_ssh_keeps_the_lease_there(fleet):
+    # The lease on a node: the module runs there (the action plugin runs it in the controller's
+    # own process only for a lock host with the local connection, as localhost above).
+    where = {"vllm_fleet_rollout_lock_host": "node02", "vllm_fleet_rollout_lock_path": "/var/tmp/vf-rollout.lock"}
+    lease = {"holder": "other-run", "controller": "ctl-elsewhere", "pid": 4242, "user": "deploy",
+             "started": "2026-01-01T00:00:00+00:00", "expires": "2099-01-01T00:00:00+00:00", "ttl": 3600}
+    node_exec(fleet, "node02", f"printf '%s' '{json.dumps(lease)}' > /var/tmp/vf-rollout.lock")
+    try:
+        run = play(fleet, "rollout.yml", **TARGET, **where)
+    finally:
+        node_exec(fleet, "node02", "rm -f /var/tmp/vf-rollout.lock")
+    assert run.rc != 0 and "Another rollout holds the rollout lock /var/tmp/vf-rollout.lock" in run.output, \
+        run.output[-3000:]
+    assert "other-run" in run.output and not lease_path(fleet).exists()
+
+    run = play(fleet, "rollout.yml", **TARGET, **where)
+    assert run.rc == 0, run.output[-3000:]
+    assert "Take the rollout lock on node02" in run.output
+    assert node_exec(fleet, "node02", "ls /var/tmp/vf-rollout.lock* 2>/dev/null") == ""

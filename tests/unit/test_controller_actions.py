@@ -1,6 +1,8 @@
 """preflight, serve_config and controller_file run on the controller (their action plugins): a
 node that cannot be reached still gets its verdict, its rendered config and its report, where a
-module that needs the node (the negative control) is unreachable."""
+module that needs the node (the negative control) is unreachable. rollout_lock runs in the
+controller's process on a lock host reached through the local connection, and as a module on
+any other."""
 
 import json
 import os
@@ -48,15 +50,17 @@ PLAYBOOK = """
 """
 
 
-def play_offline(tmp_path, playbook: str, **extra_vars) -> None:
-    """Run playbook against a host whose every connection is refused at once (port 1 here)."""
+def play_offline(tmp_path, playbook: str, hosts: str = "", **extra_vars) -> None:
+    """Run playbook against a host whose every connection is refused at once (port 1 here), and
+    the inventory lines in hosts (then with no interpreter forced on every host)."""
     (tmp_path / "playbook.yml").write_text(playbook)
     (tmp_path / "hosts").write_text(
-        "offline ansible_host=127.0.0.1 ansible_port=1 ansible_connection=ssh ansible_user=nobody\n")
+        "offline ansible_host=127.0.0.1 ansible_port=1 ansible_connection=ssh ansible_user=nobody\n" + hosts)
     extra = [arg for key, value in extra_vars.items() for arg in ("-e", f"{key}={value}")]
+    if not hosts:
+        extra += ["-e", f"ansible_python_interpreter={sys.executable}"]
     proc = subprocess.run(
-        [str(VENV_BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts"), *extra,
-         "-e", f"ansible_python_interpreter={sys.executable}", str(tmp_path / "playbook.yml")],
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts"), *extra, str(tmp_path / "playbook.yml")],
         cwd=ROOT, env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="False"),
         capture_output=True, text=True, timeout=300,
     )
@@ -127,3 +131,54 @@ def test_the_action_writes_on_the_controller_without_reaching_the_node(tmp_path)
     assert report == json.dumps({"host": "offline", "soak": None, "marks": {"started": 1.5}, "note": "naïve"},
                                 indent=4, sort_keys=True, separators=(",", ": ")) + "\n"
     assert json.loads((out / "notifications.json").read_text()) == ["one", "two"]
+
+
+LOCK_PLAYBOOK = """
+- hosts: offline
+  gather_facts: false
+  tasks:
+    - name: Take the lock on the controller
+      vllm_fleet.fleet.rollout_lock: {path: "{{ out }}/rollout.lock", holder: run-1, controller: ctl, pid: 7, user: me}
+      delegate_to: controller
+      register: taken
+
+    - name: Keep the lease as written
+      ansible.builtin.set_fact:
+        lease: "{{ lookup('ansible.builtin.file', out ~ '/rollout.lock') | from_json }}"
+
+    - name: Another run is refused
+      vllm_fleet.fleet.rollout_lock: {path: "{{ out }}/rollout.lock", holder: run-2}
+      delegate_to: controller
+      register: refused
+      ignore_errors: true
+
+    - name: Release it
+      vllm_fleet.fleet.rollout_lock: {path: "{{ out }}/rollout.lock", holder: run-1, state: absent}
+      delegate_to: controller
+      register: released
+
+    - name: On a lock host reached over SSH the module runs there (the negative control)
+      vllm_fleet.fleet.rollout_lock: {path: "{{ out }}/remote.lock", holder: run-1}
+      ignore_unreachable: true
+      register: remote
+
+    - name: Save what the tasks said
+      vllm_fleet.fleet.controller_file:
+        path: "{{ out }}/said.json"
+        data: {taken: "{{ taken }}", lease: "{{ lease }}", refused: "{{ refused }}", released: "{{ released }}",
+               remote: "{{ remote }}"}
+"""
+
+
+def test_the_lock_on_the_controller_is_taken_in_its_own_process(tmp_path):
+    out = tmp_path / "out"
+    # A module on the controller would need a Python; this one cannot start.
+    play_offline(tmp_path, LOCK_PLAYBOOK, hosts="controller ansible_connection=local ansible_python_interpreter=/bin/false\n",
+                 out=out)
+    said = json.loads((out / "said.json").read_text())
+    assert said["taken"]["changed"] is True and said["taken"]["lease"]["holder"] == "run-1"
+    assert {k: said["lease"][k] for k in ("holder", "controller", "pid", "user")} == {
+        "holder": "run-1", "controller": "ctl", "pid": 7, "user": "me"}
+    assert said["refused"]["failed"] is True and "Another rollout holds the rollout lock" in said["refused"]["msg"]
+    assert said["released"]["changed"] is True and not (out / "rollout.lock").exists()
+    assert said["remote"].get("unreachable") is True and not (out / "remote.lock").exists()
