@@ -13,6 +13,8 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.vllm_fleet.fleet.plugins.filter.catalogue import catalogue
 from ansible_collections.vllm_fleet.fleet.plugins.filter.yaml_file import yaml_file
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.strict_yaml import (
+    FastStrictLoader,
+    StrictLoader,
     StrictYAMLError,
     load_file,
     loads,
@@ -24,18 +26,27 @@ SHIPPED = [ROOT / "catalogue" / "known_issues.yml", ROOT / "catalogue" / "vllm_s
 # 414 bytes of YAML that PyYAML's safe_load expands to 9**9 references.
 ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n" + "".join(
     f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("bcdefgh", "cdefghi"))
+# loads() uses libyaml's parser where PyYAML has it, else the pure-Python one: both refuse the same.
+LOADERS = [StrictLoader] + ([FastStrictLoader] if FastStrictLoader else [])
+
+
+def test_libyaml_is_used_where_pyyaml_has_it():
+    assert (FastStrictLoader is not None) == yaml.__with_libyaml__
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
-def test_every_shipped_file_loads_as_safe_load_reads_it(path):  # negative control
+@pytest.mark.parametrize("loader", LOADERS, ids=lambda c: c.__name__)
+def test_every_shipped_file_loads_as_safe_load_reads_it(path, loader):  # negative control
+    assert loads(path.read_text(), loader=loader) == yaml.safe_load(path.read_text())
     assert load_file(str(path)) == yaml.safe_load(path.read_text())
 
 
-def test_an_alias_bomb_is_refused_at_once():
+@pytest.mark.parametrize("loader", LOADERS, ids=lambda c: c.__name__)
+def test_an_alias_bomb_is_refused_at_once(loader):
     assert len(ALIAS_BOMB) < 600
     started = time.monotonic()
     with pytest.raises(StrictYAMLError, match=r"bomb\.yml is not YAML \(line 1, column 4\): an anchor \(&a\)"):
-        loads(ALIAS_BOMB, source="bomb.yml")
+        loads(ALIAS_BOMB, source="bomb.yml", loader=loader)
     assert time.monotonic() - started < 1
 
 
@@ -47,9 +58,10 @@ def test_an_alias_bomb_is_refused_at_once():
     ("known_issues:\n  - {id: a, id: b}\n", "duplicate key 'id'"),
     ("a: [\n", "is not YAML (line 2"),
 ])
-def test_what_the_loader_refuses(text, expected):
+@pytest.mark.parametrize("loader", LOADERS, ids=lambda c: c.__name__)
+def test_what_the_loader_refuses(text, expected, loader):
     with pytest.raises(StrictYAMLError) as info:
-        loads(text, source="f.yml")
+        loads(text, source="f.yml", loader=loader)
     assert expected in str(info.value) and str(info.value).startswith("f.yml is not YAML")
 
 
