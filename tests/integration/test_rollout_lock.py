@@ -46,10 +46,14 @@ def start_rollout(sim, **extra):
                             stderr=subprocess.STDOUT, text=True)
 
 
+def lease_text(holder, expires, controller="ctl-elsewhere", pid=4242):
+    """Another run's lease, as rollout_lock writes one."""
+    return json.dumps({"holder": holder, "controller": controller, "pid": pid, "user": "deploy",
+                       "started": "2026-01-01T00:00:00+00:00", "expires": expires, "ttl": 3600})
+
+
 def write_lease(sim, holder, expires, controller="ctl-elsewhere", pid=4242):
-    lease = {"holder": holder, "controller": controller, "pid": pid, "user": "deploy",
-             "started": "2026-01-01T00:00:00+00:00", "expires": expires, "ttl": 3600}
-    lease_path(sim).write_text(json.dumps(lease))
+    lease_path(sim).write_text(lease_text(holder, expires, controller, pid))
     return lease_path(sim).read_text()
 
 
@@ -160,9 +164,8 @@ def test_a_lock_host_reached_over_ssh_keeps_the_lease_there(fleet):
     # The lease on a node: the module runs there (the action plugin runs it in the controller's
     # own process only for a lock host with the local connection, as localhost above).
     where = {"vllm_fleet_rollout_lock_host": "node02", "vllm_fleet_rollout_lock_path": "/var/tmp/vf-rollout.lock"}
-    lease = {"holder": "other-run", "controller": "ctl-elsewhere", "pid": 4242, "user": "deploy",
-             "started": "2026-01-01T00:00:00+00:00", "expires": "2099-01-01T00:00:00+00:00", "ttl": 3600}
-    node_exec(fleet, "node02", f"printf '%s' '{json.dumps(lease)}' > /var/tmp/vf-rollout.lock")
+    lease = lease_text("other-run", "2099-01-01T00:00:00+00:00")
+    node_exec(fleet, "node02", f"printf '%s' '{lease}' > /var/tmp/vf-rollout.lock")
     try:
         run = play(fleet, "rollout.yml", **TARGET, **where)
     finally:
