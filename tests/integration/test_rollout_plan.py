@@ -94,3 +94,11 @@ def test_a_single_node_fleet_may_roll_its_canary(tmp_path):
 @pytest.mark.parametrize("value", ["0", "150%", "half", "-1"])
 def test_a_max_out_that_is_not_a_share_is_refused(tmp_path, value):
     assert_refused(rollout(tmp_path, vllm_fleet_rollout_max_out=value), f"vllm_fleet_rollout_max_out: \"{value}\"")
+
+
+@pytest.mark.parametrize("name, value", [("vllm_fleet_bake_interval_s", 0), ("vllm_fleet_bake_max_kv_usage", 1.5),
+                                         ("vllm_fleet_bake_max_5xx", "some")])
+def test_bad_bake_settings_are_refused(tmp_path, name, value):
+    # The last of the plan's checks: its message names every bake setting and what each takes.
+    assert_refused(rollout(tmp_path, **{name: value}), "The bake's settings are not what it needs",
+                   f"{name} {value!r}".replace("'", '"'))
