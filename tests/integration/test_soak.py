@@ -173,7 +173,9 @@ def test_a_stable_release_passes_with_progress_and_statistics(soak_node, record_
     def measure():  # the monitor's CPU over the middle of the soak, from /proc of the async job
         first = wait_for_progress(soak_node, state_dir, 3)
         a, t_a = proc_cpu(soak_node, first["pid"]), time.monotonic()
-        wait_for_progress(soak_node, state_dir, 18)
+        # Well before the 20 s end: on a loaded machine each podman exec can take a second, and
+        # a read at 18 s once found the job already gone.
+        wait_for_progress(soak_node, state_dir, 12)
         b, t_b = proc_cpu(soak_node, first["pid"]), time.monotonic()
         cpu.update(self_pct=100 * (b[0] - a[0]) / (t_b - t_a), wall_s=t_b - t_a)
 
