@@ -1,7 +1,7 @@
 """rollout.yml's plan checks (roles/rollout_node/tasks/validate.yml), the first tasks of its
-opening play: an empty canary group, a run of other nodes that leaves the canary out, and a
-batch plan taking more than vllm_fleet_rollout_max_out of the fleet out at once are refused
-before any node is touched.
+opening play: an empty canary group, a run of other nodes that leaves the canary out, a
+batch plan taking more than vllm_fleet_rollout_max_out of the fleet out at once and bake
+settings it cannot use are refused before any node is touched.
 
 The inventory's nodes point at a port nothing listens on: a refusal must come before the
 first connection (no UNREACHABLE in the output), and a plan that passes must get as far
