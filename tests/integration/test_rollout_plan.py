@@ -102,3 +102,10 @@ def test_bad_bake_settings_are_refused(tmp_path, name, value):
     # The last of the plan's checks: its message names every bake setting and what each takes.
     assert_refused(rollout(tmp_path, **{name: value}), "The bake's settings are not what it needs",
                    f"{name} {value!r}".replace("'", '"'))
+
+
+def test_a_lock_host_that_is_no_host_name_is_refused(tmp_path):
+    # The lock's other settings are refused on a fleet (test_rollout_lock.py); this one names
+    # no host at all, so it is refused before any connection.
+    assert_refused(rollout(tmp_path, vllm_fleet_rollout_lock_host="  "),
+                   'vllm_fleet_rollout_lock_host: "  " is not a host name')
