@@ -9,6 +9,8 @@ as the first task that connects to a node (UNREACHABLE there) - the positive con
 show each check lets a good plan through."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -101,7 +103,7 @@ def test_a_max_out_that_is_not_a_share_is_refused(tmp_path, value):
 def test_bad_bake_settings_are_refused(tmp_path, name, value):
     # The last of the plan's checks: its message names every bake setting and what each takes.
     assert_refused(rollout(tmp_path, **{name: value}), "The bake's settings are not what it needs",
-                   f"{name} {value!r}".replace("'", '"'))
+                   f"{name} {json.dumps(value)}")  # the message writes each value with to_json
 
 
 def test_a_lock_host_that_is_no_host_name_is_refused(tmp_path):
