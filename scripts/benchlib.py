@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
 os.environ.setdefault("ANSIBLE_COLLECTIONS_PATH", str(ROOT / "collections"))
 
+from ansible import constants as C  # noqa: E402  (reads the ANSIBLE_CONFIG set above)
 from tests.fixtures import story  # noqa: E402  (the story's plan and stand-in knobs)
 from tests.fixtures.simnode.fleet import SimFleet  # noqa: E402
 from tests.fixtures.wheels.build import build_node_wheelhouse  # noqa: E402
@@ -53,8 +54,11 @@ def measured(sim: SimFleet, playbook: str, *args: str, **plan) -> Measured:
     """One run of ``playbook`` with its wall time, the controller's CPU time and the module
     runs Ansible made on each node (counted by a callback); a failed run ends the bench."""
     with tempfile.NamedTemporaryFile(suffix=".json") as counts:
+        # The counter beside the callbacks ansible.cfg enables (jinja_preload): the variable
+        # replaces the setting, and the bench measures what an operator's run does.
         env = {"ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "scripts" / "callback_plugins"),
-               "ANSIBLE_CALLBACKS_ENABLED": "module_runs", "VLLM_FLEET_MODULE_RUNS": counts.name}
+               "ANSIBLE_CALLBACKS_ENABLED": ",".join([*C.CALLBACKS_ENABLED, "module_runs"]),
+               "VLLM_FLEET_MODULE_RUNS": counts.name}
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)
         try:
