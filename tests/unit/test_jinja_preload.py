@@ -50,7 +50,7 @@ main()
 """
 
 
-def run(tmp_path: Path, **env: str) -> tuple[int, list, dict]:
+def run(tmp_path: Path, **env: str) -> tuple[int, list, list]:
     """The plays on local hosts: (rc, what each task did on each host, what each worker imported)."""
     inventory = tmp_path / "hosts.json"
     inventory.write_text(json.dumps({"all": {"hosts": {h: {"ansible_connection": "local"} for h in HOSTS}}}))
