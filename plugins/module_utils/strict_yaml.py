@@ -74,6 +74,9 @@ def loads(text: str, *, source: str = "<text>", loader=None) -> Any:
         mark = getattr(exc, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise StrictYAMLError(f"{source} is not YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    except ValueError as exc:  # int() past Python's digit limit: a number nobody means
+        raise StrictYAMLError(f"{source} holds a number too long to read ({str(exc).split(':')[0]}): "
+                              "no setting takes one") from None
 
 
 def load_file(path: str, *, max_bytes: int = MAX_BYTES) -> Any:

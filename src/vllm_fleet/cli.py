@@ -193,7 +193,7 @@ class Plan:
         if self.command == "coredumps":
             reserved[COREDUMP_ACTION_VAR] = "the coredumps action argument"
         try:
-            self.extravars = parse_extra_vars(args.extra_vars, cwd=cwd, reserved=reserved)
+            self.extravars = parse_extra_vars(args.extra_vars, project_dir=project, cwd=cwd, reserved=reserved)
         except ExtraVarsError as exc:
             raise UsageError(str(exc)) from None
         # Vaulted -e @files go to ansible-playbook by path, with the vault options.

@@ -2,22 +2,41 @@
 
 ansible-playbook accepts ``key=value`` pairs, inline JSON/YAML, and ``@file``; a bad value
 there fails the run late and far from the typo. Here it is a usage error that names it.
+
+YAML (``@file`` and inline) is read with the collection's strict loader
+(``plugins/module_utils/strict_yaml.py``, plain Python), the one that reads the catalogue and
+the profiles: no anchors or aliases (a 386-byte alias bomb expanded to 351 MB of JSON under
+``yaml.safe_load``), no duplicate keys, at most 1 MiB.
+
+Names beginning with ``_`` are the roles' own variables (results and checks); extra vars win
+over every other variable in Ansible, so one given here could switch a check off: refused.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+STRICT_YAML = Path("plugins") / "module_utils" / "strict_yaml.py"
 
 
 class ExtraVarsError(ValueError):
     """A value of --extra-vars that ansible-playbook would not read as variables."""
+
+
+def strict_loader(project_dir: Path):
+    """The collection's strict_yaml module, loaded by path from the project the CLI runs."""
+    path = project_dir / STRICT_YAML
+    spec = importlib.util.spec_from_file_location("vllm_fleet_strict_yaml", path)
+    if spec is None or not path.is_file():
+        raise ExtraVarsError(f"--extra-vars: {path} is missing: is {project_dir} a vllm-fleet checkout?")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _mapping(value: Any, source: str) -> dict:
@@ -27,7 +46,16 @@ def _mapping(value: Any, source: str) -> dict:
     bad = [k for k in value if not isinstance(k, str) or not _KEY.match(k)]
     if bad:
         raise ExtraVarsError(f"--extra-vars {source}: {bad[0]!r} is not a valid variable name")
+    for key in value:
+        _not_private(key, source)
     return value
+
+
+def _not_private(key: str, source: str) -> None:
+    if key.startswith("_"):
+        raise ExtraVarsError(
+            f"--extra-vars {source}: {key!r} begins with '_': such names are the roles' own (their "
+            "checks and results), and -e would override them; set the documented vllm_fleet_* variable instead")
 
 
 def _json_safe(value: dict, source: str) -> dict:
@@ -39,8 +67,9 @@ def _json_safe(value: dict, source: str) -> dict:
         raise ExtraVarsError(f"--extra-vars {source}: cannot be passed on as JSON ({exc})") from None
 
 
-def parse_one(raw: str, cwd: Path | None = None) -> dict:
-    """One -e value: ``@file`` (YAML or JSON), inline JSON/YAML (``{...}``), or ``k=v ...``."""
+def parse_one(raw: str, project_dir: Path, cwd: Path | None = None) -> dict:
+    """One -e value: ``@file`` (YAML or JSON), inline JSON/YAML (``{...}``), or ``k=v ...``;
+    YAML read by project_dir's strict loader."""
     shown = repr(raw if len(raw) <= 80 else raw[:77] + "...")
     text = raw.strip()
     if not text:
@@ -51,15 +80,17 @@ def parse_one(raw: str, cwd: Path | None = None) -> dict:
             path = cwd / path
         if not path.is_file():
             raise ExtraVarsError(f"--extra-vars {shown}: no such file {str(path)!r}")
+        strict = strict_loader(project_dir)
         try:
-            loaded = yaml.safe_load(path.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            loaded = strict.load_file(str(path))
+        except strict.StrictYAMLError as exc:
             raise ExtraVarsError(f"--extra-vars {shown}: cannot read {str(path)!r}: {_first_line(exc)}") from None
         return _json_safe(_mapping(loaded, shown), shown)
     if text[0] in "{[":
+        strict = strict_loader(project_dir)
         try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
+            loaded = strict.loads(text, source="the value")
+        except strict.StrictYAMLError as exc:
             raise ExtraVarsError(f"--extra-vars {shown}: not valid JSON/YAML: {_first_line(exc)}") from None
         return _json_safe(_mapping(loaded, shown), shown)
     try:
@@ -73,6 +104,7 @@ def parse_one(raw: str, cwd: Path | None = None) -> dict:
             raise ExtraVarsError(
                 f"--extra-vars {shown}: {token!r} is not key=value "
                 "(give key=value pairs, inline JSON/YAML like '{\"key\": 1}', or @file)")
+        _not_private(key, shown)
         result[key] = value  # ansible-playbook keeps k=v values as strings too
     return result
 
@@ -106,17 +138,18 @@ def vault_files(values: list[str] | None, cwd: Path | None = None) -> list[Path]
     return out
 
 
-def parse_extra_vars(values: list[str] | None, cwd: Path | None = None,
+def parse_extra_vars(values: list[str] | None, *, project_dir: Path, cwd: Path | None = None,
                      reserved: dict[str, str] | None = None) -> dict:
     """Merge every -e value in order; a later one replaces a top-level key, as in Ansible.
-    reserved maps variable names the CLI sets itself to the option to use instead."""
+    project_dir is the checkout whose strict YAML loader reads the values; reserved maps
+    variable names the CLI sets itself to the option to use instead."""
     merged: dict = {}
     vaulted = set(vault_files(values, cwd))
     for raw in values or []:
         path = _file_of(raw, cwd)
         if path is not None and path.is_file() and path.resolve() in vaulted:
             continue  # ansible-playbook decrypts it (vault_files)
-        merged.update(parse_one(raw, cwd))
+        merged.update(parse_one(raw, project_dir, cwd))
     for name, instead in (reserved or {}).items():
         if name in merged:
             raise ExtraVarsError(f"--extra-vars: {name} is set by vllm-fleet itself; use {instead}")

@@ -118,7 +118,7 @@ def test_extra_vars_read_like_ansible_playbook(tmp_path):
     (tmp_path / "plan.json").write_text('{"b": [1, 2]}')
     merged = parse_extra_vars(
         ["a=1 b='two words'", '{"b": {"x": 1}, "c": true}', "{c: false}",
-         "@plan.yml", f"@{tmp_path / 'plan.json'}"], cwd=tmp_path)
+         "@plan.yml", f"@{tmp_path / 'plan.json'}"], project_dir=ROOT, cwd=tmp_path)
     assert merged == {"a": "1", "b": [1, 2], "c": False,
                       "vllm_fleet_release": {"cudnn": "9.24.0.43"}, "when": "2026-01-02"}
 
@@ -132,17 +132,40 @@ def test_extra_vars_read_like_ansible_playbook(tmp_path):
     ("", "empty value"),
     ("a='unclosed", "No closing quotation"),
     ("1bad=x", "'1bad=x'"),
+    # The roles' own names: -e wins over every variable, so one could switch a check off.
+    ("_key_is_bad=false", "'_key_is_bad' begins with '_'"),
+    ('{"_instances_ok": true}', "'_instances_ok' begins with '_'"),
+    ("@private.yml", "'_failing' begins with '_'"),
+    # The strict loader: aliases, duplicate keys, over-long numbers.
+    ("@bomb.yml", "an anchor (&a) is not allowed"),
+    ("{a: 1, a: 2}", "duplicate key 'a'"),
+    ("{n: " + "9" * 5000 + "}", "a number too long to read"),
+    ("@long.yml", "a number too long to read"),
 ])
 def test_malformed_extra_vars_are_named(tmp_path, value, named):
+    (tmp_path / "private.yml").write_text("vllm_fleet_soak_duration_s: 60\n_failing: []\n")
+    (tmp_path / "bomb.yml").write_text('a: &a ["x","x","x","x","x","x","x","x","x"]\n'
+                                       'b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n')
+    (tmp_path / "long.yml").write_text("vllm_fleet_soak_duration_s: " + "1" * 5000 + "\n")
     with pytest.raises(ExtraVarsError) as err:
-        parse_extra_vars([value], cwd=tmp_path)
+        parse_extra_vars([value], project_dir=ROOT, cwd=tmp_path)
     assert named in str(err.value)
     assert str(err.value).startswith("--extra-vars")
 
 
+def test_extra_vars_yaml_is_read_by_the_collections_strict_loader(tmp_path):
+    """Negative control of the alias and private-name cases above: the same values without
+    what is refused load, and PyYAML's safe_load (what the CLI used) takes the bomb."""
+    import yaml
+    (tmp_path / "plain.yml").write_text('a: ["x","x"]\nb: [["x","x"],["x","x"]]\n')
+    assert parse_extra_vars(["@plain.yml", "{n: 12}", "public=1"], project_dir=ROOT, cwd=tmp_path) == {
+        "a": ["x", "x"], "b": [["x", "x"], ["x", "x"]], "n": 12, "public": "1"}
+    assert len(yaml.safe_load('a: &a [1, 2]\nb: [*a, *a]\n')["b"]) == 2
+
+
 def test_variables_the_cli_sets_itself_are_refused():
     with pytest.raises(ExtraVarsError, match="vllm_fleet_report_dir is set by vllm-fleet itself; use --artifacts"):
-        parse_extra_vars(["vllm_fleet_report_dir=/tmp/x"],
+        parse_extra_vars(["vllm_fleet_report_dir=/tmp/x"], project_dir=ROOT,
                          reserved={"vllm_fleet_report_dir": "--artifacts"})
 
 
@@ -705,6 +728,8 @@ def project(tmp_path) -> Path:
     project = tmp_path / "project"
     (project / "playbooks").mkdir(parents=True)
     (project / "collections").mkdir()
+    (project / "plugins" / "module_utils").mkdir(parents=True)  # the CLI reads -e YAML with its loader
+    (project / "plugins" / "module_utils" / "strict_yaml.py").symlink_to(ROOT / "plugins/module_utils/strict_yaml.py")
     (project / "ansible.cfg").write_text("[defaults]\ninventory = ./inventory.json\nretry_files_enabled = False\n")
     (project / "rollout.yml").write_text(STANDIN_ROLLOUT)
     (project / "playbooks" / "preflight.yml").write_text(STANDIN_PREFLIGHT)

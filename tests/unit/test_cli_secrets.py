@@ -54,7 +54,7 @@ def test_a_key_given_through_every_cli_path_is_in_no_artifact(tmp_path):
     args = build_parser().parse_args(["preflight", "-e", f"k_inline={KEYS['inline']}", "-e", f"@{plain}",
                                       "-e", f"@{encrypted}", "-e", f"@{inline}",
                                       "--vault-password-file", str(password)])
-    extravars = parse_extra_vars(args.extra_vars, cwd=tmp_path)
+    extravars = parse_extra_vars(args.extra_vars, project_dir=ROOT, cwd=tmp_path)
     assert extravars == {"k_inline": KEYS["inline"], "k_file": KEYS["file"]}
     assert vault_files(args.extra_vars, cwd=tmp_path) == [encrypted.resolve(), inline.resolve()]
     artifacts = tmp_path / "run"
