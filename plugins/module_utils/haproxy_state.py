@@ -11,6 +11,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import csv
+import re
 import socket
 
 OPERATIONAL = {0: "DOWN", 1: "STARTING", 2: "UP", 3: "STOPPING"}
@@ -22,6 +23,21 @@ COUNTERS = ("scur", "wretr", "wredis", "econ", "eresp", "hrsp_5xx", "stot")
 
 class HAProxyError(Exception):
     pass
+
+
+# What HAProxy itself allows in a proxy or server name (src/tools.c, invalid_char: letters,
+# digits, '.', '_', ':', '-'). The admin socket runs each ';'-separated command of a line, so
+# a name with a ';', a space or a newline would be further commands: refused before sending.
+NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}\Z")
+
+
+def name_problem(kind, value):
+    """Why value cannot be a HAProxy backend or server name (kind says which), else None."""
+    if isinstance(value, str) and NAME.match(value):
+        return None
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    return ("%s %s is not a HAProxy name: use 1 to 100 letters, digits, '.', '_', ':' or '-' "
+            "(HAProxy's own rule; anything else would reach its admin socket as more commands)" % (kind, shown))
 
 
 def admin_state(bits):
@@ -99,6 +115,9 @@ def ask(path, command, timeout=10):
 
 def read_backend(path, backend, timeout=10):
     """Every server of backend, as merge() gives them, read from the socket at path."""
+    problem = name_problem("backend", backend)
+    if problem:
+        raise HAProxyError(problem)
     states = parse_servers_state(ask(path, "show servers state %s" % backend, timeout), backend)
     return merge(states, parse_stat(ask(path, "show stat", timeout), backend))
 

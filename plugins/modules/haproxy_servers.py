@@ -20,11 +20,16 @@ options:
     type: path
     default: /run/haproxy/admin.sock
   backend:
-    description: The backend whose servers are read.
+    description:
+      - The backend whose servers are read.
+      - A HAProxy name (letters, digits, C(.), C(_), C(:), C(-)); anything else is refused before
+        anything is sent to the socket, since the socket runs each C(;)-separated command.
     type: str
     required: true
   servers:
-    description: The server names to judge; empty judges none (every server is still returned).
+    description:
+      - The server names to judge; empty judges none (every server is still returned).
+      - HAProxy names, checked like O(backend).
     type: list
     elements: str
     default: []
@@ -90,6 +95,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.haproxy_state import (
     HAProxyError,
+    name_problem,
     read_backend,
     verdict,
 )
@@ -107,6 +113,10 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    problems = [p for p in [name_problem("backend", params["backend"])]
+                + [name_problem("server", name) for name in params["servers"]] if p]
+    if problems:
+        module.fail_json(msg="%s. Nothing was sent to HAProxy." % "; ".join(problems))
     try:
         servers = read_backend(params["socket"], params["backend"], params["timeout"])
     except (OSError, HAProxyError) as exc:
