@@ -11,7 +11,7 @@ all read it.
 * ``EngineMetrics``: the series of one ``/metrics`` answer that say whether the engine works;
   its ``missing``: the series a judgement needs that a scrape lacked ("metrics
   incomplete"), the same rule for the soak and the watchdog; its ``progress_marker``:
-  generated tokens and requests the engine finished (stop or length).
+  generated tokens and requests the engine finished its work on (``FINISHED_WORK``).
   Nothing else counts: prompt tokens can be counted as requests arrive, and clients that
   time out and retry keep them (and the queue) moving while a wedged engine generates
   nothing. A wedged engine (vLLM answers ``/health`` 200) moves neither.
@@ -37,9 +37,15 @@ SERIES = {
     "success_total": ("vllm:request_success_total", "sum"),
     "preemptions": ("vllm:num_preemptions_total", "sum"),
 }
+# The finished_reason values of vllm:request_success_total that are the engine's work done.
+# Real 0.25.1 has five (v1/engine/__init__.py, FINISH_REASON_STRINGS; every one is exported,
+# v1/metrics/loggers.py): "stop", "length" and "repetition" (a repetition_detection the
+# client's sampling parameters asked for) end a generation; "abort" is a client giving up and
+# "error" a request the engine failed (answered 500): neither is progress. An allow-list, so
+# a reason a later vLLM adds is not taken for progress unseen.
+FINISHED_WORK = ("stop", "length", "repetition")
 # The attributes whose values form the progress marker, in this order: generated tokens and
-# requests finished by the engine (request_success_total less its "abort" label set: a
-# client giving up is not progress).
+# requests finished by the engine (request_success_total over FINISHED_WORK).
 PROGRESS_FIELDS = ("generation_tokens", "finished")
 # What judging progress needs: in flight (running + waiting) and generated tokens.
 REQUIRED_FIELDS = ("running", "waiting", "generation_tokens")
@@ -119,9 +125,9 @@ def aggregate(series: dict, name: str) -> float | None:
 
 
 def finished_requests(series: dict) -> float | None:
-    """Requests the engine finished (every finished_reason but "abort"); None if absent."""
+    """Requests the engine finished its work on (finished_reason in FINISHED_WORK); None if absent."""
     values = [value for labels, value in series.get("vllm:request_success_total", ())
-              if labels.get("finished_reason") != "abort" and not math.isnan(value)]
+              if labels.get("finished_reason") in FINISHED_WORK and not math.isnan(value)]
     return sum(values) if "vllm:request_success_total" in series else None
 
 

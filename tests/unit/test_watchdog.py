@@ -41,7 +41,8 @@ W0 = 1_800_000_000.0  # wall-clock epoch
 START = T0 - 1000  # the process started long before the series
 
 
-def metrics_text(running=0, waiting=0, gen=0.0, prompt=0.0, kv=0.0, success=0.0, preempt=0.0) -> str:
+def metrics_text(running=0, waiting=0, gen=0.0, prompt=0.0, kv=0.0, success=0.0, preempt=0.0,
+                 reason="length") -> str:
     labels = 'model_name="qwen",engine="0"'
     return "\n".join([
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
@@ -51,7 +52,7 @@ def metrics_text(running=0, waiting=0, gen=0.0, prompt=0.0, kv=0.0, success=0.0,
         f"vllm:generation_tokens_total{{{labels}}} {gen}",
         f"vllm:prompt_tokens_total{{{labels}}} {prompt}",
         f"vllm:kv_cache_usage_perc{{{labels}}} {kv}",
-        f'vllm:request_success_total{{finished_reason="length",{labels}}} {success}',
+        f'vllm:request_success_total{{finished_reason="{reason}",{labels}}} {success}',
         f"vllm:num_preemptions_total{{{labels}}} {preempt}",
         "",
     ])
@@ -111,10 +112,11 @@ def test_idle_time_does_not_count_towards_the_window():
     assert [d.restart for d in decisions].index(True) == len(decisions) - 1  # 60 s after work was first seen
 
 
-def moving_series(key, step):
+def moving_series(key, step, reason="length"):
     runs = []
     for i in range(20):  # five minutes, requests running, only `key` moves
-        values = {"running": 32, "gen": 0.0, "prompt": 0.0, "kv": 0.0, "success": 0.0, "preempt": 0.0}
+        values = {"running": 32, "gen": 0.0, "prompt": 0.0, "kv": 0.0, "success": 0.0, "preempt": 0.0,
+                  "reason": reason}
         values[key] = step * i
         runs.append(obs(15 * i, metrics=values))
     return series(runs)[0]
@@ -125,6 +127,20 @@ def test_generated_tokens_and_finished_requests_are_progress(key, step):
     decisions = moving_series(key, step)
     assert {d.verdict for d in decisions} == {"healthy"}
     assert not any(d.restart for d in decisions)
+
+
+@pytest.mark.parametrize("reason", ["stop", "length", "repetition"])
+def test_requests_the_engine_finished_are_progress_by_every_finished_reason_of_work(reason):
+    """Real 0.25.1's finished_reason values (v1/engine/__init__.py FINISH_REASON_STRINGS) that end a generation."""
+    assert {d.verdict for d in moving_series("success", 1.0, reason)} == {"healthy"}
+
+
+@pytest.mark.parametrize("reason", ["error", "abort", "a-reason-a-later-vllm-adds"])
+def test_requests_failed_or_aborted_are_not_progress(reason):
+    """An engine that fails every request (finished_reason="error", answered 500) or whose
+    clients give up ("abort") generates nothing: a wedge, not progress."""
+    decisions = moving_series("success", 1.0, reason)
+    assert decisions[4].verdict == "wedged" and [d.restart for d in decisions].index(True) == 4
 
 
 @pytest.mark.parametrize("key, step", [
