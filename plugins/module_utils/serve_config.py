@@ -40,9 +40,13 @@ PROFILE_REQUIRED = ("name",)
 PROFILE_OPTIONAL = ("model", "weights", "description", "serve_args", "env", "baseline")
 FLAG_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# vLLM's sizes: 262144, 256k (x1000), 256K (x1024), 1m, 1M, 1g, 1G.
-SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kKmMgG]?)\Z")
-SIZE_SCALE = {"": 1, "k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
+# vLLM's sizes (human_readable_int, vllm/utils/argparse_utils.py): digits; or a number and a
+# suffix, k m g t (x1000, decimals allowed: 25.6k) or K M G T (x1024, whole numbers only: 1.5K
+# is an error there).
+SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kKmMgGtT])\Z")
+SIZE_DIGITS_RE = re.compile(r"[0-9]+\Z")
+SIZE_SCALE = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+              "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # Limits on what a profile may hold. vllm serve --config turns a string into one argv word and
 # each list item into its own: a word that begins with '-' is read as a flag (so a list item
 # "--api-key" would set the key the role owns), and a newline or control character has no
@@ -249,16 +253,24 @@ def _range(flag: Flag, number: float) -> str | None:
 
 
 def size_value(value: Any) -> int | None:
-    """262144 -> 262144, '256k' -> 256000, '256K' -> 262144; None when it is no size."""
+    """262144 -> 262144, '256k' -> 256000, '256K' -> 262144, '25.6k' -> 25600; None when vLLM
+    would refuse it ('1.5K', '1.5', 1.5)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str):
-        match = SIZE_RE.match(value.strip())
-        if match:
-            return int(float(match.group(1)) * SIZE_SCALE[match.group(2)])
-    return None
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if SIZE_DIGITS_RE.match(text):
+        return int(text)
+    match = SIZE_RE.match(text)
+    if not match:
+        return None
+    number, suffix = match.groups()
+    if suffix.isupper():
+        return int(number) * SIZE_SCALE[suffix] if "." not in number else None
+    return int(float(number) * SIZE_SCALE[suffix])
 
 
 def _choice(flag: Flag, value: Any) -> str | None:
@@ -288,8 +300,8 @@ def check_value(flag: Flag, value: Any) -> str | None:
     if kind == "size":
         number = size_value(value)
         if number is None:
-            return (f"expects a size (an integer, or a string like \"256k\" or \"256K\"), "
-                    f"got {_type_name(value)} {_show(value)}")
+            return (f"expects a size (an integer, or a string like \"256k\" (x1000, \"25.6k\" too) or "
+                    f"\"256K\" (x1024, whole numbers only)), got {_type_name(value)} {_show(value)}")
         return _range(flag, number)
     if kind == "str":
         if not isinstance(value, str) or not value.strip():
@@ -468,6 +480,43 @@ def validate_env(schema: Schema, env: Any, *, reserved: dict | None = None,
     return out, errors, warnings
 
 
+# --- vLLM's logging configuration ------------------------------------------------------------
+
+# vLLM 0.25.1 logs every non-default argument at start, unredacted, the keys of --api-key included
+# (log_non_default_args in vllm/entrypoints/serve/utils/api_utils.py, called by setup_server in
+# vllm/entrypoints/openai/api_server.py), at INFO on this module's logger. In a rotation's window
+# the keys are arguments (the instance config), so that one line would put them in the journal.
+ARGS_LOGGER = "vllm.entrypoints.serve.utils.api_utils"
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def logging_config(env: dict) -> dict:
+    """The logging configuration vLLM loads from VLLM_LOGGING_CONFIG_PATH: vLLM's default
+    (DEFAULT_LOGGING_CONFIG in vllm/logger.py, without colour: the journal is no terminal) with
+    ARGS_LOGGER at WARNING, so the non-default-args line is never written. The file replaces
+    vLLM's default, which is where VLLM_LOGGING_LEVEL and VLLM_LOGGING_PREFIX act: their values
+    from the profile's ``env`` are applied here. Expects a validated level."""
+    level = env.get("VLLM_LOGGING_LEVEL", "INFO").upper()
+    prefix = env.get("VLLM_LOGGING_PREFIX", "")
+    return {
+        "formatters": {"vllm": {"class": "vllm.logging_utils.NewLineFormatter", "datefmt": "%m-%d %H:%M:%S",
+                                "format": f"{prefix}%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s"}},
+        "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm", "level": level,
+                              "stream": "ext://sys.stdout"}},
+        "loggers": {"vllm": {"handlers": ["vllm"], "level": level, "propagate": False},
+                    ARGS_LOGGER: {"level": "WARNING"}},
+        "version": 1,
+        "disable_existing_loggers": False,
+    }
+
+
+def _logging_errors(env: dict, where: str) -> list[str]:
+    level = env.get("VLLM_LOGGING_LEVEL")
+    if level is None or level.upper() in LOG_LEVELS:
+        return []
+    return [f"{where}.VLLM_LOGGING_LEVEL: {_show(level)} is not a logging level: one of {', '.join(LOG_LEVELS)}"]
+
+
 def _env_quote(value: str) -> str:
     # systemd EnvironmentFile=: inside double quotes, \ " ` $ are escaped with a backslash.
     return '"' + re.sub(r'([\\"`$])', r"\\\1", value) + '"'
@@ -486,10 +535,11 @@ def build(schema_data: Any, profile: Any, *, role_args: dict | None = None, role
           reserved_env: dict | None = None, header: str = "", models_dir: str = "") -> dict:
     """Validate a profile and render what an instance serves.
 
-    Returns ``{profile, config, content, env, env_content, warnings}``: ``profile`` is the
-    applied profile as preflight reads it (flag names normalised, booleans as booleans),
-    ``config``/``content`` the ``--config`` mapping and its YAML, ``env``/``env_content`` the
-    environment (profile then role) and its EnvironmentFile text.
+    Returns ``{profile, config, content, env, env_content, logging_content, warnings}``:
+    ``profile`` is the applied profile as preflight reads it (flag names normalised, booleans as
+    booleans), ``config``/``content`` the ``--config`` mapping and its YAML, ``env``/``env_content``
+    the environment (profile then role) and its EnvironmentFile text, ``logging_content`` the JSON
+    of logging_config() for VLLM_LOGGING_CONFIG_PATH.
     Raises SchemaError for a broken schema, ProfileError (every problem at once) otherwise.
     """
     schema = load_schema(schema_data)
@@ -522,7 +572,7 @@ def build(schema_data: Any, profile: Any, *, role_args: dict | None = None, role
                                                  where="profile.serve_args")
     reserved = {**{name: "the role sets it for each instance" for name in role_env}, **(reserved_env or {})}
     env, env_errors, warnings = validate_env(schema, profile.get("env"), reserved=reserved, where="profile.env")
-    errors += arg_errors + env_errors
+    errors += arg_errors + env_errors + _logging_errors(env, "profile.env")
     try:  # the soak gate's figures at the reference load (roles/soak_gate reads them)
         validate_performance_spec(profile.get("baseline"), None, baseline_name="profile.baseline")
     except SoakConfigError as exc:
@@ -542,6 +592,7 @@ def build(schema_data: Any, profile: Any, *, role_args: dict | None = None, role
         "content": dump_config(config, header),
         "env": full_env,
         "env_content": dump_env(full_env, header),
+        "logging_content": json.dumps(logging_config(env), indent=2) + "\n",
         "warnings": warnings,
     }
 

@@ -18,9 +18,11 @@ import yaml
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import (
     ProfileError,
     SchemaError,
+    ARGS_LOGGER,
     build,
     dump_env,
     load_schema,
+    logging_config,
     model_path,
     size_value,
     validate_env,
@@ -112,14 +114,19 @@ def test_the_no_form_may_be_written_directly_and_means_false():
     assert result["config"]["no-enable-prefix-caching"] is True
 
 
+# A store_true flag (every bool of 0.25.1 that a profile may set has the --no- form).
+STORE_TRUE = load_schema({**SCHEMA_DOC, "flags": {**SCHEMA_DOC["flags"], "store-true-flag": {"type": "bool"}}})
+
+
 def test_a_false_on_a_flag_without_a_no_form_is_refused():
-    message = one_error(profile(serve_args=args_of({"disable-log-stats": False})))
-    assert "--disable-log-stats" in message and "no --no- form" in message and "remove it" in message
+    _, [message] = validate_serve_args(STORE_TRUE, {"store-true-flag": False})
+    assert "--store-true-flag" in message and "no --no- form" in message and "remove it" in message
+    assert validate_serve_args(STORE_TRUE, {"store-true-flag": True}) == ({"store-true-flag": True}, [])
 
 
 def test_a_no_form_that_does_not_exist_is_refused():
-    message = one_error(profile(serve_args=args_of({"no-disable-log-stats": True})))
-    assert "--disable-log-stats has no --no- form" in message
+    _, [message] = validate_serve_args(STORE_TRUE, {"no-store-true-flag": True})
+    assert "--store-true-flag has no --no- form" in message
 
 
 def test_a_no_form_takes_true_only():
@@ -195,9 +202,15 @@ def test_snake_case_and_dashes_name_the_same_flag():
     ("gpu-memory-utilization", "0.9", "expects a number"),
     ("gpu-memory-utilization", float("nan"), "finite"),
     ("max-model-len", "256x", "expects a size"),
-    ("kv-cache-dtype", "fp8e4m3", "is not one of: auto, bfloat16, fp8, fp8_e4m3"),
+    ("kv-cache-dtype", "fp8e4m3", "is not one of: auto, bfloat16, float16, fp8, fp8_ds_mla, fp8_e4m3"),
     ("kv-cache-dtype", "", "expects a non-empty string"),
-    ("block-size", 24, "24 is not one of: 1, 8, 16, 32, 64, 128, 256"),
+    ("block-size", 0, "0 is out of range: it must be >= 1"),
+    ("max-model-len", "1.5K", 'expects a size (an integer, or a string like "256k"'),
+    ("max-model-len", "1.5", "expects a size"),
+    ("max-model-len", 1.5, "expects a size"),
+    ("load-format", "gguf", "is not one of: auto, hf, bitsandbytes"),
+    ("moe-backend", "marlin-v2", "is not one of: aiter, auto"),
+    ("moe-backend", "flashinfer-b12x", "(did you mean 'flashinfer_b12x'?)"),
     ("served-model-name", [], "expects a non-empty list"),
     ("served-model-name", ["ok", 3], "item 1: expects a non-empty string"),
     ("compilation-config", "{}", "expects a mapping"),
@@ -212,9 +225,36 @@ def test_a_choice_gets_the_closest_one_suggested():
     assert "(did you mean 'fp8_e4m3'?)" in one_error(profile(serve_args={"kv-cache-dtype": "fp8e4m3"}))
 
 
-def test_sizes_take_vllm_suffixes():
-    assert [size_value(v) for v in (262144, "256k", "256K", "1M", "1.5k", "x", True, 1.0)] == \
-        [262144, 256000, 262144, 1048576, 1500, None, None, None]
+def test_sizes_follow_vllm_human_readable_int():
+    """vllm/utils/argparse_utils.py: k m g t are x1000 and take decimals, K M G T are x1024 and
+    refuse them; a plain string is an integer. Checked against the real function (0.25.1)."""
+    assert [size_value(v) for v in (262144, "262144", "256k", "256K", "1M", "1.5k", "25.6k", "2G", "1T", "1t")] == \
+        [262144, 262144, 256000, 262144, 1048576, 1500, 25600, 2 * 2**30, 2**40, 10**12]
+    assert [size_value(v) for v in ("1.5K", "1.0M", "1.5", "x", "256 k", True, 1.0)] == [None] * 7
+
+
+def test_flags_real_0_25_1_lacks_are_unknown():
+    """vllm serve exits 2 on either: the unit would restart until its start limit."""
+    for flag in ("swap-space", "disable-log-requests"):
+        assert f"unknown flag --{flag} for vllm serve 0.25.1" in one_error(profile(serve_args=args_of({flag: 4})))
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("load-format", "hf"), ("load-format", "instanttensor"), ("load-format", "modelexpress"),
+    ("load-format", "runai_streamer_sharded"), ("moe-backend", "marlin"), ("moe-backend", "auto"),
+    ("max-model-len", "25.6k"), ("block-size", 24),
+])
+def test_values_real_0_25_1_takes_are_accepted(flag, value):  # negative control of the refusals above
+    result = build(SCHEMA_DOC, profile(serve_args=args_of({flag: value})), role_args=ROLE_ARGS)
+    assert result["config"][flag] == value
+
+
+def test_disable_log_stats_is_refused_because_it_blinds_every_gate():
+    """In 0.25.1 it removes every vllm:* series (v1/engine/async_llm.py): no progress for the
+    watchdog, no wedge for the soak, an unmeasured KV check."""
+    message = one_error(profile(serve_args=args_of({"disable-log-stats": True})))
+    assert message.startswith("profile.serve_args.disable-log-stats: --disable-log-stats is not set in a profile")
+    assert all(word in message for word in ("vllm:* metric", "watchdog", "soak", "bake")), message
 
 
 def test_json_flags_render_as_json_that_yaml_reads_back():
@@ -240,6 +280,7 @@ def test_every_problem_is_reported_at_once():
     ("api-key", "vllm_fleet_service_api_key"),
     ("model", "profile's `model` key"),
     ("config", "writes the config file"),
+    ("shutdown-timeout", "vllm_fleet_service_shutdown_timeout"),
 ])
 def test_flags_the_role_owns_are_refused_in_a_profile(flag, reason):
     message = one_error(profile(serve_args=args_of({flag: "x" if flag != "port" else 9000})))
@@ -341,6 +382,16 @@ def test_env_names_are_checked_and_reserved_ones_refused():
     assert "profile.env.VLLM_API_KEY: not set in a profile: set vllm_fleet_service_api_key" in message
 
 
+@pytest.mark.parametrize("name", ["VLLM_ATTENTION_BACKEND", "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_USE_FLASHINFER_MOE_FP8",
+                                  "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_RPC_TIMEOUT", "VLLM_TORCH_PROFILER_DIR",
+                                  "VLLM_USE_TRITON_FLASH_ATTN"])
+def test_a_variable_real_0_25_1_does_not_read_gets_a_warning(name):
+    [warning] = build(SCHEMA_DOC, profile(env={name: "1"}), role_args=ROLE_ARGS)["warnings"]
+    assert f"vLLM 0.25.1 does not read {name}" in warning
+    # negative control: one it reads
+    assert build(SCHEMA_DOC, profile(env={"VLLM_USE_DEEP_GEMM_E8M0": "0"}), role_args=ROLE_ARGS)["warnings"] == []
+
+
 def test_a_misspelt_vllm_variable_gets_a_warning_with_the_closest():
     result = build(SCHEMA_DOC, profile(env={"VLLM_USE_DEEP_GEMM_E8MO": "0"}), role_args=ROLE_ARGS)
     [warning] = result["warnings"]
@@ -356,6 +407,84 @@ def test_role_env_comes_after_the_profile_env():
     result = build(SCHEMA_DOC, STABLE, role_args=ROLE_ARGS, role_env={"CUDA_VISIBLE_DEVICES": 3})
     assert list(result["env"]) == ["VLLM_USE_DEEP_GEMM_E8M0", "CUDA_VISIBLE_DEVICES"]
     assert result["env"]["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+# --- vLLM's logging configuration: no key in the journal -----------------------------------
+
+KEYS = ["new-key-0123456789abcdef", "old-key-fedcba9876543210"]
+
+
+def _vllm_logs(tmp_path, logging_content: str | None) -> str:
+    """What the stand-in vLLM prints for 0.25.1's start-up line of non-default arguments (a
+    rotation's window: the keys are arguments) and for another INFO line, with the role's
+    logging configuration (VLLM_LOGGING_CONFIG_PATH) or, given None, with vLLM's default."""
+    script = ("import logging, vllm.logger\n"
+              f"logging.getLogger({ARGS_LOGGER!r}).info('non-default args: %s', {{'api_key': {KEYS!r}}})\n"
+              "logging.getLogger('vllm.entrypoints.openai.api_server').info('Starting vLLM API server 0 on x')\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(STANDIN_SRC)}
+    if logging_content is not None:
+        path = tmp_path / "logging.json"
+        path.write_text(logging_content)
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(path)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def test_the_logging_configuration_keeps_the_keys_out_and_every_other_line_in(tmp_path):
+    logs = _vllm_logs(tmp_path, build(SCHEMA_DOC, STABLE, role_args=ROLE_ARGS)["logging_content"])
+    assert "Starting vLLM API server 0 on x" in logs and "INFO" in logs
+    assert not [key for key in KEYS if key in logs] and "non-default args" not in logs
+
+
+def test_without_the_logging_configuration_vllm_logs_the_keys(tmp_path):  # the negative control
+    logs = _vllm_logs(tmp_path, None)
+    assert all(key in logs for key in KEYS) and "non-default args: {'api_key'" in logs
+
+
+def test_the_logging_configuration_applies_the_profiles_level_and_prefix():
+    config = json.loads(build(SCHEMA_DOC, profile(env={"VLLM_LOGGING_LEVEL": "debug", "VLLM_LOGGING_PREFIX": "[q] "}),
+                              role_args=ROLE_ARGS)["logging_content"])
+    assert config["loggers"]["vllm"]["level"] == config["handlers"]["vllm"]["level"] == "DEBUG"
+    assert config["formatters"]["vllm"]["format"].startswith("[q] %(levelname)s")
+    assert config["loggers"][ARGS_LOGGER] == {"level": "WARNING"}  # at DEBUG too
+    assert logging_config({})["loggers"]["vllm"]["level"] == "INFO"  # vLLM's default
+
+
+def test_a_logging_level_vllm_cannot_load_is_refused():
+    message = one_error(profile(env={"VLLM_LOGGING_LEVEL": "LOUD"}))
+    assert message == ('profile.env.VLLM_LOGGING_LEVEL: "LOUD" is not a logging level: '
+                       "one of CRITICAL, ERROR, WARNING, INFO, DEBUG")
+
+
+def test_the_role_reserves_what_would_undo_its_logging_configuration():
+    reserved = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_vllm_fleet_service_reserved_env"]
+    assert {"VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_STREAM", "VLLM_API_KEY"} <= set(reserved)
+    unit = (ROLE / "templates" / "vllm@.service.j2").read_text()
+    assert "Environment=VLLM_LOGGING_CONFIG_PATH={{ vllm_fleet_config_dir }}/logging.json" in unit.splitlines()
+
+
+# --- the health wait of the unit ------------------------------------------------------------
+
+def _health_url(tmp_path, config: dict) -> str:
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+
+    loader = SourceFileLoader("wait_health", str(ROLE / "files" / "vllm-fleet-wait-health"))
+    module = module_from_spec(spec_from_loader("wait_health", loader))
+    loader.exec_module(module)
+    path = tmp_path / "gpu0.yaml"
+    path.write_text(build(SCHEMA_DOC, STABLE, role_args=config, header="h")["content"])
+    return module.health_url(str(path))
+
+
+@pytest.mark.parametrize("host, url", [
+    ("0.0.0.0", "http://127.0.0.1:8001/health"), ("::", "http://127.0.0.1:8001/health"),
+    ("10.0.0.5", "http://10.0.0.5:8001/health"), ("fd00::5", "http://[fd00::5]:8001/health"),
+])
+def test_the_health_wait_reads_its_address_from_the_instance_config(tmp_path, host, url):
+    """Not from VLLM_FLEET_HEALTH_URL: real vLLM warns about every VLLM_* name it does not know."""
+    assert _health_url(tmp_path, {"host": host, "port": 8001}) == url
 
 
 # --- the profile itself --------------------------------------------------------------------
@@ -513,6 +642,64 @@ def test_every_role_variable_is_declared_in_the_argument_specs():
         if "default" in spec and name in defaults:
             assert spec["default"] == defaults[name], name
     assert all(name.startswith("vllm_fleet_service_") for name in defaults)
+
+
+# --- the role's own inputs, checked by its profile entry point (on the controller) ------------
+
+GOOD_KEY = "good-key-0123456789abcdef"
+ROLE_INPUT_CASES = {
+    # host: (variables, what its failure says; None: it passes)
+    "good": ({"vllm_fleet_service_api_key": GOOD_KEY, "vllm_fleet_service_api_key_retiring": [KEYS[1]]}, None),
+    "key-begins-with-a-dash": ({"vllm_fleet_service_api_key": "-" + GOOD_KEY},
+                               "vllm_fleet_service_api_key may hold only letters, digits and . _ ~ + / = - (16 to "
+                               "1024 of them, and no newline), and may not begin with '-'"),
+    "retiring-key-begins-with-a-dash": ({"vllm_fleet_service_api_key": GOOD_KEY,
+                                         "vllm_fleet_service_api_key_retiring": [KEYS[1], "--api-key-0123456789"]},
+                                        "vllm_fleet_service_api_key_retiring: key 2 (counted from 1) must have 16 "
+                                        "to 1024 of the characters of vllm_fleet_service_api_key, not begin with '-'"),
+    "shutdown-timeout-negative": ({"vllm_fleet_service_shutdown_timeout": -1},
+                                  "vllm_fleet_service_shutdown_timeout -1 is out of range: 0 to 3600 s"),
+    "shutdown-timeout-too-long": ({"vllm_fleet_service_shutdown_timeout": 3601, "vllm_fleet_service_timeout_stop_sec": 4000},
+                                  "vllm_fleet_service_shutdown_timeout 3601 is out of range: 0 to 3600 s"),
+    "stop-not-above-the-drain": ({"vllm_fleet_service_shutdown_timeout": 90, "vllm_fleet_service_timeout_stop_sec": 90},
+                                 "vllm_fleet_service_timeout_stop_sec 90 must be above vllm_fleet_service_shutdown_timeout"
+                                 " 90: systemd would kill vLLM (SIGKILL) before it has drained its requests"),
+}
+
+
+@pytest.fixture(scope="module")
+def role_input_run(tmp_path_factory):
+    """The role's profile entry point on one local host per case, in one ansible-playbook run."""
+    directory = tmp_path_factory.mktemp("role-inputs")
+    inventory = {"all": {"hosts": {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                                          "vllm_fleet_profile": STABLE, **variables}
+                                   for name, (variables, _) in ROLE_INPUT_CASES.items()}}}
+    (directory / "inventory.yml").write_text(json.dumps(inventory))
+    (directory / "play.yml").write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": [
+        {"ansible.builtin.import_role": {"name": "vllm_fleet.fleet.vllm_service", "tasks_from": "profile"}},
+        {"ansible.builtin.debug": {"msg": "rendered {{ _vllm_fleet_service_rendered.results[0].config | to_json }}"}}]}]))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections"),
+           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(directory / "inventory.yml"),
+                           str(directory / "play.yml")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    results: dict[str, list[dict]] = {}
+    for task in json.loads(proc.stdout)["plays"][0]["tasks"]:
+        for host, result in task["hosts"].items():
+            results.setdefault(host, []).append(result)
+    return results
+
+
+@pytest.mark.parametrize("case", ROLE_INPUT_CASES)
+def test_the_role_refuses_a_key_beginning_with_a_dash_and_a_stop_that_cannot_drain(role_input_run, case):
+    expected = ROLE_INPUT_CASES[case][1]
+    failed = [result for result in role_input_run[case] if result.get("failed")]
+    if expected is None:  # the negative control: the same checks pass good values
+        assert failed == [], failed
+        config = json.loads(role_input_run[case][-1]["msg"].split(" ", 1)[1])
+        assert config["shutdown-timeout"] == 30 and "api-key" not in config
+    else:
+        assert len(failed) == 1 and expected in " ".join(failed[0]["msg"].split()), failed
+        assert GOOD_KEY not in json.dumps(role_input_run[case])
 
 
 # --- a profile with staged weights ------------------------------------------------------------
