@@ -163,3 +163,126 @@ def test_of_two_runs_taking_at_once_one_wins(path, monkeypatch):
         take(path, "run-b")
     assert "holder run-a" in str(refused.value)
     assert real_read(str(path))["holder"] == "run-a"
+
+
+# --- issue 32: hostile lease paths and fields -------------------------------------------------
+
+SECRET = "sk-live-5f3c9a0e1b7d42c8a6e4"
+
+
+@pytest.mark.parametrize("text", [f"{SECRET}\n", f'{{"api_key": "{SECRET}"}}\n',
+                                  f'{{"holder": "{SECRET}", "pid": "1"}}\n'],
+                         ids=["key-file", "json-secret", "lease-shaped"])
+def test_a_lock_path_pointed_at_a_secret_file_never_shows_what_it_holds(path, text):
+    # Reproduction: -e vllm_fleet_rollout_lock_path=/etc/vllm-fleet/api-key printed the key.
+    path.parent.mkdir()
+    path.write_text(text)
+    for attempt in (lambda: take(path, "run-b"), lambda: release(str(path), "run-b")):
+        with pytest.raises(LockError) as error:
+            attempt()
+        message = str(error.value)
+        assert SECRET not in message and "sk-live" not in message, message
+        assert f"{path} on {socket.gethostname()} is not a rollout lease" in message
+        assert "what it holds is not shown" in message
+    assert path.read_text() == text
+
+
+def test_a_big_file_is_not_a_lease_and_is_not_read_whole(path, monkeypatch):
+    path.parent.mkdir()
+    path.write_bytes(b"{" + b" " * (1 << 20) + b"}")
+    import ansible_collections.vllm_fleet.fleet.plugins.module_utils.rollout_lock as mod
+    with pytest.raises(LockError) as error:
+        take(path, "run-b")
+    assert f"under {mod.MAX_LEASE_BYTES} bytes" in str(error.value)
+
+
+def test_a_dangling_symlink_lease_is_refused_as_a_link(path, tmp_path):
+    # Reproduction: the link made every take fail with "changed hands ... another run is starting".
+    path.parent.mkdir()
+    path.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(LockError) as error:
+        take(path, "run-b")
+    message = str(error.value)
+    assert f"{path} on {socket.gethostname()} is a symbolic link (to {tmp_path / 'nowhere'}, which does not exist)" \
+        in message, message
+    assert "changed hands" not in message and "Nothing was changed" in message
+    assert path.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_a_symlink_to_a_real_lease_is_not_followed(path, tmp_path):
+    real = tmp_path / "real.lock"
+    take(real, "run-a")
+    before = real.read_text()
+    path.parent.mkdir()
+    path.symlink_to(real)
+    for attempt in (lambda: take(path, "run-a"), lambda: release(str(path), "run-a")):
+        with pytest.raises(LockError) as error:
+            attempt()
+        assert "is a symbolic link (to " in str(error.value) and "which does not exist" not in str(error.value)
+    assert real.read_text() == before
+
+
+def test_a_directory_is_not_a_lease(path):
+    path.mkdir(parents=True)
+    with pytest.raises(LockError) as error:
+        take(path, "run-b")
+    assert "is not a regular file, so not a rollout lease" in str(error.value)
+
+
+OSC = "\x1b]0;rollout finished\x07"  # retitles the operator's terminal
+CSI = "\x1b[2J"  # clears it
+
+
+@pytest.mark.parametrize("field", ["holder", "controller", "user", "break_holder"])
+@pytest.mark.parametrize("sequence", [OSC, CSI, "\n", "\x9b2J"], ids=["osc", "csi", "newline", "c1-csi"])
+def test_a_lease_field_with_an_escape_sequence_is_refused_when_taking(path, field, sequence):
+    args = {"holder": "run-a", "controller": "ctl01", "user": "deploy", "break_holder": ""}
+    args[field] = f"x{sequence}y"
+    with pytest.raises(LockError) as error:
+        acquire(str(path), args["holder"], 3600, args["controller"], 1, args["user"],
+                break_holder=args["break_holder"], now=NOW)
+    message = str(error.value)
+    name = "vllm_fleet_rollout_break_lock" if field == "break_holder" else field
+    assert message.startswith(f"{name} x"), message
+    assert not any(c in message for c in "\x1b\x07\n\x9b"), message
+    assert "Nothing was changed" in message
+    assert not path.exists()
+
+
+def test_a_holder_that_is_a_path_is_refused(path, tmp_path):
+    with pytest.raises(LockError) as error:
+        take(path, "../../outside")
+    assert "holder ../../outside is not a run id" in str(error.value)
+    assert not path.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def write_foreign_lease(path, **fields):
+    lease = {"holder": "run-a", "controller": "ctl01", "pid": 4242, "user": "deploy",
+             "started": "2026-12-04T14:00:00+00:00", "expires": "2026-12-04T15:00:00+00:00", **fields}
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(lease))
+
+
+@pytest.mark.parametrize("field", ["holder", "controller", "user"])
+def test_a_lease_another_wrote_with_escape_sequences_is_shown_escaped(path, field):
+    write_foreign_lease(path, **{field: f"evil{OSC}{CSI}"})
+    with pytest.raises(LockHeld) as refused:
+        take(path, "run-b", now=NOW + datetime.timedelta(minutes=5))
+    message = str(refused.value)
+    assert "evil\\x1b]0;rollout finished\\x07\\x1b[2J" in message, message
+    assert "\x1b" not in message and "\x07" not in message
+
+
+def test_a_plain_lease_is_shown_as_it_is(path):  # negative control of the escaping
+    write_foreign_lease(path, user="deploy")
+    with pytest.raises(LockHeld) as refused:
+        take(path, "run-b", now=NOW + datetime.timedelta(minutes=5))
+    assert "holder run-a (user deploy, controller ctl01, pid 4242)" in str(refused.value)
+
+
+def test_breaking_a_stale_lease_whose_holder_is_a_path_stays_beside_the_lease(path, tmp_path):
+    write_foreign_lease(path, holder="../../../broken-out")
+    later = NOW + datetime.timedelta(hours=2)
+    changed, lease, broken = take(path, "run-b", now=later, break_holder="../../../broken-out")
+    assert changed and broken["holder"] == "../../../broken-out"
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["lock", "lock/rollout.lock"]
