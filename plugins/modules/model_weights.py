@@ -14,7 +14,8 @@ description:
     file against its sha256 (or, for the Hub's small non-LFS files, its git blob id), writes
     the marker C(vllm-fleet-model.json) last and renames the directory into place. A model
     whose marker exists and whose files have their staged sizes is left alone (idempotent).
-  - Free disk is checked against the size of the files before anything is downloaded.
+  - Free disk is checked against the declared size of the files before anything is downloaded,
+    and each download stops at its declared size.
   - A failed staging leaves no C(.staging-) directory and no model directory behind.
   - O(state=verified) only reads - the model must be staged and complete - for the check
     before a node leaves traffic.
@@ -43,7 +44,9 @@ options:
     description: Stage from this Hugging Face Hub repository (C(owner/name)) instead of O(mirror).
     type: str
   hub_endpoint:
-    description: The Hub's URL (a site proxy); empty is huggingface_hub's default.
+    description:
+      - The Hub's URL (a site proxy); empty is huggingface_hub's default. No credentials in it
+        (the token goes in O(hub_token_file)); C(http://) only with O(allow_http).
     type: str
     default: ""
   hub_token_file:
@@ -54,7 +57,27 @@ options:
   mirror:
     description:
       - The site mirror - an absolute directory on the node or an http(s) URL - laid out
-        C(<mirror>/<name>/<revision>/) with a C(SHA256SUMS) file as C(sha256sum) writes it.
+        C(<mirror>/<name>/<revision>/) with a C(SHA256SUMS) file as C(sha256sum) writes it and one
+        C(# size <bytes>  <file>) line per file (C(stat -c '# size %s  %n' <files> >> SHA256SUMS)).
+      - A download stops at the declared size; a file without one is refused. A redirect to
+        another origin (scheme, host, port) is refused. A directory mirror's symbolic links
+        are refused.
+      - Give credentials in O(mirror_credentials), not here; a C(user:password@) here is used
+        and masked in this module's output, but Ansible shows the parameter if another one is invalid.
+    type: str
+  mirror_credentials:
+    description:
+      - C(user:password) for the mirror's HTTP Basic authentication, percent-encoded as in a URL.
+        Masked (C(no_log)) in every output.
+    type: str
+  allow_http:
+    description: Accept a plain C(http://) O(mirror) or O(hub_endpoint) (files and credentials in the clear).
+    type: bool
+    default: false
+  sha256sums_digest:
+    description:
+      - The sha256 of the mirror's C(SHA256SUMS) (C(sha256sum SHA256SUMS)) the profile was tested
+        with; a mirror whose C(SHA256SUMS) has another is refused before any download.
     type: str
   reserve_gib:
     description: Disk space (GiB) that must stay free after the download.
@@ -98,6 +121,8 @@ EXAMPLES = r"""
     name: qwen3.6-35b-a3b-nvfp4
     revision: "2026-11-30"
     mirror: https://models.example.internal/vllm
+    mirror_credentials: "{{ vault_model_mirror_credentials }}"
+    sha256sums_digest: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855
 
 - name: Stage it from the Hub at a pinned commit
   vllm_fleet.fleet.model_weights:
@@ -147,7 +172,7 @@ prune:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.model_weights import (
-    HubSource, MirrorSource, WeightsError, check, check_model, prune, stage)
+    WEIGHTS_KEYS, HubSource, MirrorSource, WeightsError, check, check_model, prune, stage, url_secrets)
 
 ARGUMENT_SPEC = dict(
     models_dir=dict(type="path", required=True),
@@ -158,6 +183,9 @@ ARGUMENT_SPEC = dict(
     hub_endpoint=dict(type="str", default=""),
     hub_token_file=dict(type="path"),
     mirror=dict(type="str"),
+    mirror_credentials=dict(type="str", no_log=True),
+    allow_http=dict(type="bool", default=False),
+    sha256sums_digest=dict(type="str"),
     reserve_gib=dict(type="float", default=10),
     timeout=dict(type="int", default=60),
     rehash=dict(type="bool", default=False),
@@ -170,7 +198,7 @@ def run(params: dict, check_mode: bool) -> dict:
     if params["state"] == "pruned":
         result = prune(params["models_dir"], params["protect"], params["config_dirs"], check_mode=check_mode)
         return {"changed": result.pop("changed"), "prune": result}
-    weights = check_model({key: params[key] for key in ("name", "revision", "hub_repo") if params[key] is not None},
+    weights = check_model({key: params[key] for key in WEIGHTS_KEYS if params[key] is not None},
                           where="model_weights")
     name, revision = weights["name"], weights["revision"]
     if params["state"] == "verified":
@@ -181,9 +209,11 @@ def run(params: dict, check_mode: bool) -> dict:
         return {"changed": False, "model": found}
     if weights.get("hub_repo"):
         source = HubSource(weights["hub_repo"], revision, endpoint=params["hub_endpoint"],
-                           token_file=params["hub_token_file"])
+                           token_file=params["hub_token_file"], allow_http=params["allow_http"])
     elif params["mirror"]:
-        source = MirrorSource(params["mirror"], name, revision, timeout=params["timeout"])
+        source = MirrorSource(params["mirror"], name, revision, timeout=params["timeout"],
+                              credentials=params["mirror_credentials"], allow_http=params["allow_http"],
+                              sums_digest=weights.get("sha256sums_digest"))
     else:
         raise WeightsError(f"the model {name}@{revision} has no source: set vllm_fleet_model_mirror (a directory on"
                            " the node or an http(s) URL) or the profile's weights.hub_repo")
@@ -197,6 +227,8 @@ def main():
                            required_if=[("state", "present", ("name", "revision")),
                                         ("state", "verified", ("name", "revision"))],
                            mutually_exclusive=[("hub_repo", "mirror")])
+    # A user:password@ in the mirror URL: masked in every output, as Ansible masks no_log values.
+    module.no_log_values.update(url_secrets(module.params["mirror"] or ""))
     try:
         result = run(module.params, module.check_mode)
     except WeightsError as exc:

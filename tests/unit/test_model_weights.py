@@ -1,7 +1,7 @@
 """module_utils/model_weights.py and the model_weights module's run(), as plain Python.
 
 Mirrors are a directory and a real HTTP server (http.server on 127.0.0.1) whose
-SHA256SUMS the real ``sha256sum`` wrote; the Hub source runs the real huggingface_hub
+SHA256SUMS the real ``sha256sum`` and ``stat -c '# size %s  %n'`` wrote; the Hub source runs the real huggingface_hub
 client against tests/fixtures/hub_endpoint.py, a composed local stand-in for the Hub API.
 """
 import base64
@@ -19,6 +19,7 @@ import pytest
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.model_weights import (
     MARKER,
+    FileSpec,
     HubSource,
     MirrorSource,
     WeightsError,
@@ -48,8 +49,9 @@ needs_hub = pytest.mark.skipif(HF_CONSTANTS is None, reason="huggingface_hub (a 
 # --- helpers -------------------------------------------------------------------------------
 
 
-def make_model(mirror, name="m", revision="r1", *, binary=False, shard_bytes=1 << 20) -> dict:
-    """``<mirror>/<name>/<revision>/`` with a few files and SHA256SUMS by the real sha256sum."""
+def make_model(mirror, name="m", revision="r1", *, binary=False, shard_bytes=1 << 20, sizes=True) -> dict:
+    """``<mirror>/<name>/<revision>/`` with a few files and SHA256SUMS by the real sha256sum,
+    each file's size appended by the real stat, as roles/vllm_model/README.md tells operators."""
     rev = mirror / name / revision
     files = {
         "config.json": b'{"architectures": ["Qwen3MoeForCausalLM"]}\n',
@@ -63,6 +65,9 @@ def make_model(mirror, name="m", revision="r1", *, binary=False, shard_bytes=1 <
     argv = ["sha256sum", *(["-b"] if binary else []), "config.json",
             SHARD, "model-00002-of-00002.safetensors", "sub/x.json"]
     sums = subprocess.run(argv, cwd=rev, check=True, capture_output=True).stdout
+    if sizes:
+        sums += subprocess.run(["stat", "-c", "# size %s  %n", *argv[-4:]], cwd=rev, check=True,
+                               capture_output=True).stdout
     (rev / "SHA256SUMS").write_bytes(sums)
     return files
 
@@ -167,8 +172,16 @@ def assert_staged(models_dir, name, revision, files):
 def test_parse_sums_reads_the_real_sha256sum_output(mirror, binary, separator):
     files = make_model(mirror, binary=binary)
     text = (mirror / "m" / "r1" / "SHA256SUMS").read_text()
-    assert all(line[64:66] == separator for line in text.splitlines())  # the tool's own format
-    assert parse_sums(text, "SHA256SUMS") == {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+    lines = text.splitlines()
+    assert all(line[64:66] == separator for line in lines[:4])  # the tool's own format
+    assert lines[4:] == [f"# size {len(files[rel])}  {rel}" for rel in
+                         ["config.json", SHARD, "model-00002-of-00002.safetensors", "sub/x.json"]]
+    assert parse_sums(text, "SHA256SUMS") == {
+        rel: FileSpec(rel, len(data), sha256=hashlib.sha256(data).hexdigest()) for rel, data in files.items()}
+    # The size lines are comments to sha256sum: the file still checks, in --strict mode too.
+    checked = subprocess.run(["sha256sum", "-c", "--strict", "SHA256SUMS"], cwd=mirror / "m" / "r1",
+                             capture_output=True, text=True)
+    assert checked.returncode == 0 and checked.stdout.count(": OK") == 4, checked.stdout + checked.stderr
 
 
 @pytest.mark.parametrize("line, words", [
@@ -224,7 +237,7 @@ def test_a_relative_mirror_is_refused():
 def test_stage_from_an_http_mirror_then_idempotent(models_dir, mirror):
     files = make_model(mirror)
     with http_mirror(mirror) as (url, seen):
-        source = MirrorSource(url, "m", "r1", timeout=10)
+        source = MirrorSource(url, "m", "r1", timeout=10, allow_http=True)
         result = stage(str(models_dir), "m", "r1", source)
         assert result["changed"] is True and result["files"] == 4
         assert result["source"] == f"{url}/m/r1"
@@ -233,7 +246,7 @@ def test_stage_from_an_http_mirror_then_idempotent(models_dir, mirror):
         assert_staged(models_dir, "m", "r1", files)
 
         seen.clear()
-        again = stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10))
+        again = stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10, allow_http=True))
         assert again == {**result, "changed": False}
         assert seen == []  # nothing downloaded, not even SHA256SUMS
     assert check(str(models_dir), "m", "r1", rehash=True)["verified"] is True
@@ -243,8 +256,8 @@ def test_http_mirror_credentials_go_in_a_header_and_nowhere_else(models_dir, mir
     files = make_model(mirror, shard_bytes=4096)
     with http_mirror(mirror, credentials="fleet:secret") as (url, seen):
         with_credentials = url.replace("http://", "http://fleet:secret@")
-        result = run(params(models_dir=str(models_dir), name="m", revision="r1", mirror=with_credentials),
-                     check_mode=False)
+        result = run(params(models_dir=str(models_dir), name="m", revision="r1", mirror=with_credentials,
+                            allow_http=True), check_mode=False)
         expected = "Basic " + base64.b64encode(b"fleet:secret").decode()
         assert seen and all(header == expected for _, _, header in seen)
     assert result["changed"] is True and result["model"]["source"] == f"{url}/m/r1"
@@ -257,7 +270,7 @@ def test_http_mirror_without_the_credentials_it_wants_is_a_clear_401(models_dir,
     make_model(mirror, shard_bytes=16)
     with http_mirror(mirror, credentials="fleet:secret") as (url, _):
         with pytest.raises(WeightsError) as err:
-            stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10))
+            stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10, allow_http=True))
     assert "401" in str(err.value) and "SHA256SUMS" in str(err.value)
     assert_nothing_left(models_dir)
 
@@ -265,7 +278,7 @@ def test_http_mirror_without_the_credentials_it_wants_is_a_clear_401(models_dir,
 def test_check_mode_downloads_nothing_and_creates_nothing(models_dir, mirror):
     files = make_model(mirror)
     with http_mirror(mirror) as (url, seen):
-        result = stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10), check_mode=True)
+        result = stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10, allow_http=True), check_mode=True)
         assert [path for method, path, _ in seen if method == "GET"] == ["/m/r1/SHA256SUMS"]
     assert result == {"changed": True, "path": str(models_dir / "m@r1"), "files": 4,
                       "bytes": sum(map(len, files.values())), "source": f"{url}/m/r1"}
@@ -286,7 +299,7 @@ def test_a_file_that_does_not_match_its_sum_is_refused(models_dir, mirror):
     (mirror / "m" / "r1" / SHARD).write_bytes(bytes(corrupt))
     with http_mirror(mirror) as (url, _):
         with pytest.raises(WeightsError) as err:
-            stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10))
+            stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10, allow_http=True))
     message = str(err.value)
     assert SHARD in message
     assert hashlib.sha256(files[SHARD]).hexdigest() in message  # what SHA256SUMS says
@@ -299,7 +312,12 @@ def test_a_file_of_another_size_than_served_is_refused(models_dir, mirror):
     (mirror / "m" / "r1" / "sub" / "x.json").write_bytes(b'{"x": 22}\n')  # after sha256sum ran
     with pytest.raises(WeightsError) as err:
         stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
-    assert "sub/x.json" in str(err.value) and "sha256" in str(err.value)
+    assert str(err.value) == (f"sub/x.json from {mirror}/m/r1: more than the 9 bytes SHA256SUMS declares:"
+                              " the download was stopped there and removed")
+    assert_nothing_left(models_dir)
+    (mirror / "m" / "r1" / "sub" / "x.json").write_bytes(b'{"x":1}\n')  # shorter
+    with pytest.raises(WeightsError, match="sub/x.json from .*: 8 bytes, SHA256SUMS declares 9"):
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
     assert_nothing_left(models_dir)
 
 
@@ -307,7 +325,7 @@ def test_a_revision_the_mirror_does_not_have(models_dir, mirror):
     make_model(mirror, shard_bytes=16)
     with http_mirror(mirror) as (url, _):
         with pytest.raises(WeightsError) as err:
-            stage(str(models_dir), "m", "r2", MirrorSource(url, "m", "r2", timeout=10))
+            stage(str(models_dir), "m", "r2", MirrorSource(url, "m", "r2", timeout=10, allow_http=True))
     assert "404" in str(err.value) and f"{url}/m/r2/SHA256SUMS" in str(err.value)
     assert_nothing_left(models_dir)
 
@@ -317,14 +335,14 @@ def test_a_file_listed_but_absent_from_a_directory_mirror(models_dir, mirror):
     (mirror / "m" / "r1" / "sub" / "x.json").unlink()
     with pytest.raises(WeightsError) as err:
         stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
-    assert "sub/x.json is listed in SHA256SUMS but cannot be read" in str(err.value)
+    assert str(err.value) == (f"cannot read {mirror}/m/r1/sub/x.json from the mirror: No such file or directory")
     assert_nothing_left(models_dir)
 
 
 def test_an_unreachable_mirror(models_dir):
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(WeightsError) as err:
-        stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=5))
+        stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=5, allow_http=True))
     assert "cannot read" in str(err.value) and f"{url}/m/r1/SHA256SUMS" in str(err.value)
     assert "refused" in str(err.value).lower()
     assert_nothing_left(models_dir)
@@ -346,7 +364,7 @@ def test_a_sums_line_that_escapes_the_model(models_dir, mirror, bad):
     sums.write_text(sums.read_text() + f"{hashlib.sha256(b'root').hexdigest()}  {bad}\n")
     with pytest.raises(WeightsError) as err:
         stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
-    assert bad in str(err.value) and "line 5" in str(err.value)
+    assert bad in str(err.value) and "line 9" in str(err.value)
     assert_nothing_left(models_dir)
     assert not (models_dir.parent / "etc").exists()
 
@@ -609,7 +627,7 @@ def test_stage_from_the_hub_with_a_token(tmp_path, models_dir):
     path = token_file(tmp_path, TOKEN + "\n", 0o600)
     with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS, token=TOKEN) as hub:
         result = run(params(models_dir=str(models_dir), name="m", revision=COMMIT, hub_repo="org/m",
-                            hub_endpoint=hub.url, hub_token_file=path), check_mode=False)
+                            hub_endpoint=hub.url, hub_token_file=path, allow_http=True), check_mode=False)
         assert hub.requests and all(headers.get("Authorization") == f"Bearer {TOKEN}"
                                     for _, _, headers in hub.requests)
         downloaded = sorted(p for method, p, _ in hub.requests if method == "GET" and "/resolve/" in p)
@@ -617,7 +635,7 @@ def test_stage_from_the_hub_with_a_token(tmp_path, models_dir):
 
         hub.requests.clear()
         again = run(params(models_dir=str(models_dir), name="m", revision=COMMIT, hub_repo="org/m",
-                           hub_endpoint=hub.url, hub_token_file=path), check_mode=False)
+                           hub_endpoint=hub.url, hub_token_file=path, allow_http=True), check_mode=False)
         assert again == {**result, "changed": False} and hub.requests == []
     assert result["changed"] is True
     assert result["model"] == {"path": str(models_dir / f"m@{COMMIT}"), "files": 3,
@@ -637,7 +655,7 @@ def test_stage_from_the_hub_with_a_token(tmp_path, models_dir):
 def test_a_private_hub_repo_without_the_token(models_dir):
     with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS, token=TOKEN) as hub:
         with pytest.raises(WeightsError) as err:
-            stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url))
+            stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url, allow_http=True))
         assert all("Authorization" not in headers for _, _, headers in hub.requests)
     assert "the Hub refused" in str(err.value) and "401" in str(err.value)
     assert_nothing_left(models_dir)
@@ -653,7 +671,7 @@ def test_the_hub_serving_other_bytes_than_it_lists(models_dir, bad, words):
     assert len(other) == len(HUB_FILES[bad]) and other != HUB_FILES[bad]
     with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS, serve={bad: other}) as hub:
         with pytest.raises(WeightsError) as err:
-            stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url))
+            stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url, allow_http=True))
     assert str(err.value).startswith(f"{bad} from {hub.url}/org/m@{COMMIT}")
     for word in words:
         assert word in str(err.value)
@@ -665,7 +683,7 @@ def test_the_hub_serving_other_bytes_than_it_lists(models_dir, bad, words):
 def test_a_hub_repo_or_commit_that_does_not_exist(models_dir, repo, revision, status):
     with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS) as hub:
         with pytest.raises(WeightsError) as err:
-            stage(str(models_dir), "m", revision, HubSource(repo, revision, endpoint=hub.url))
+            stage(str(models_dir), "m", revision, HubSource(repo, revision, endpoint=hub.url, allow_http=True))
     assert "the Hub refused" in str(err.value) and f"{repo}@{revision}" in str(err.value)
     assert status in str(err.value)
     assert_nothing_left(models_dir)
@@ -675,7 +693,7 @@ def test_a_hub_repo_or_commit_that_does_not_exist(models_dir, repo, revision, st
 def test_an_unreachable_hub(models_dir):
     endpoint = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(WeightsError) as err:
-        stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=endpoint))
+        stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=endpoint, allow_http=True))
     assert "cannot reach the Hub" in str(err.value) and f"{endpoint}/org/m@{COMMIT}" in str(err.value)
     assert_nothing_left(models_dir)
 
@@ -688,6 +706,6 @@ def test_a_hub_file_that_vanished_after_the_listing(models_dir, monkeypatch):
         monkeypatch.setattr(hub, "info", lambda: listing_)
         hub.files = {rel: data for rel, data in HUB_FILES.items() if rel != "sub/tokenizer.json"}
         with pytest.raises(WeightsError) as err:
-            stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url))
+            stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url, allow_http=True))
     assert "sub/tokenizer.json" in str(err.value) and "404" in str(err.value)
     assert_nothing_left(models_dir)
