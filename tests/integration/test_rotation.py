@@ -10,7 +10,11 @@ the key OLD, clients on OLD through HAProxy the whole time:
   node a turn although its release and profile are the same: drained, restarted on the new
   unit (systemd reloaded before the start), soaked, returned; both keys answer; 0 failed,
   retried or redispatched requests; the re-run skips both;
-- closing the window (clients on NEW) leaves NEW the only key: OLD gets 401 from every node.
+- closing the window (clients on NEW) leaves NEW the only key: OLD gets 401 from every node;
+- no key, old or new, is in any node's journal, during the window or after it: vLLM 0.25.1 logs
+  every non-default argument at start, the window's keys included (they are in the instance
+  config then), and the role's logging configuration drops that line (tests/unit/
+  test_serve_config.py holds the negative control: the stand-in logs the keys without it).
 Negative controls: a client still on OLD after the window fails (the clients' key is
 checked, so "0 failed" above means something), and a unit changed on disk without a reload
 is seen by the same NeedDaemonReload check that passed after each turn."""
@@ -72,6 +76,11 @@ def no_key_anywhere(sim: SimFleet, run) -> None:
                       if path.is_file())
     for key in (OLD, NEW):
         assert key not in run.output and key not in reports
+    for node in NODES:
+        # Every field of every entry of the node's journal (the instances' start-up lines included).
+        journal = node_exec(sim, node, "journalctl --no-pager -o verbose --all")
+        assert "_SYSTEMD_UNIT=vllm@gpu0.service" in journal and "SYSLOG_IDENTIFIER=vllm@gpu0" in journal, node
+        assert [key for key in (OLD, NEW) if key in journal] == [], f"{node}: an API key is in the journal"
 
 
 def test_a_new_key_and_unit_are_rolled_node_by_node_and_the_old_key_retired(fleet):
@@ -110,6 +119,10 @@ def test_a_new_key_and_unit_are_rolled_node_by_node_and_the_old_key_retired(flee
     assert traffic.most_out == 1
     traffic.assert_clean()
     print("window opened:", traffic.summary())
+    for node in NODES:  # the keys are vLLM arguments now: its start-up line would have logged them
+        config = node_exec(fleet, node, "cat /etc/vllm-fleet/gpu0.yaml")
+        assert f'api-key: ["{NEW}", "{OLD}"]' in config.splitlines(), node
+        assert "api_utils" in node_exec(fleet, node, "cat /etc/vllm-fleet/logging.json"), node
     no_key_anywhere(fleet, run)
 
     run, traffic = rollout(fleet, OLD, **window)

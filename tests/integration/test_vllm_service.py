@@ -9,9 +9,11 @@ every test leaves it serving release A). Tests that change what it serves put it
 """
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -312,7 +314,10 @@ def test_each_instance_is_pinned_to_its_gpu_and_port(served):
         assert served.served_release(unit) == ID_A
         assert served.loaded(unit).startswith(f"(NVML index {index})"), served.loaded(unit)
         assert completes(port), served.journal(unit=unit)
-    assert 'CUDA_VISIBLE_DEVICES="1"' in served.sh("cat /etc/vllm-fleet/gpu1.env").splitlines()
+    env = served.sh("cat /etc/vllm-fleet/gpu1.env")
+    assert 'CUDA_VISIBLE_DEVICES="1"' in env.splitlines()
+    # The health wait reads the instance config: no name of ours that vLLM would log as unknown.
+    assert "VLLM_FLEET" not in env and "VLLM_FLEET" not in served.journal(400, unit=UNIT1)
     assert served.sh("ls /var/lib/vllm-fleet /var/cache/vllm-fleet").split() == \
         ["/var/cache/vllm-fleet:", "gpu0", "gpu1", "/var/lib/vllm-fleet:", "gpu0", "gpu1"]
 
@@ -330,6 +335,72 @@ def test_killing_the_engine_brings_the_service_back_and_nrestarts_counts_it(serv
     assert "Deactivated successfully" in journal  # a clean exit, status 0: on-failure would stop here
     assert f"restart counter is at {after['NRestarts']}" in journal
     assert completes(), served.journal()
+
+
+# --- a stop drains the requests in flight -------------------------------------------------------
+
+LONG_TOKENS = 400  # about 8 s at the stand-in's 0.02 s a step: still running when the stop comes
+
+
+def _long_completion(result: dict) -> None:
+    try:
+        result["reply"] = http("/v1/completions", {"prompt": "drain me", "max_tokens": LONG_TOKENS, "ignore_eos": True},
+                               port=PORT1, timeout=120)
+    except (OSError, http.client.HTTPException) as exc:  # the connection cut
+        result["error"] = repr(exc)
+
+
+def _running(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running{"))
+
+
+def stop_during_a_long_request(served: Served) -> dict:
+    """A long completion to gpu1, `systemctl stop` while it runs, the unit started again: what
+    the client got ({reply: (status, body)} or {error}) and how long the stop took."""
+    result: dict = {}
+    client = threading.Thread(target=_long_completion, args=(result,))
+    client.start()
+    deadline = time.monotonic() + 20
+    while _running(PORT1) < 1:
+        assert time.monotonic() < deadline and client.is_alive(), f"the request never ran: {result}"
+        time.sleep(0.2)
+    started = time.monotonic()
+    served.sh(f"systemctl stop {UNIT1}")
+    result["stop_seconds"] = round(time.monotonic() - started, 1)
+    client.join(150)
+    served.sh(f"systemctl start {UNIT1}")
+    return result
+
+
+def test_a_stop_drains_the_request_in_flight_and_shutdown_timeout_0_cuts_it(served):
+    """vLLM 0.25.1's --shutdown-timeout (vllm/v1/engine/core.py): on SIGTERM, N stops taking
+    requests and drains those in flight for up to N s; 0 aborts them. The role sets 30 and
+    TimeoutStopSec (90 s) above it. The control: the same stop with 0 cuts the request."""
+    assert "shutdown-timeout: 30" in served.sh("cat /etc/vllm-fleet/gpu1.yaml").splitlines()
+    assert served.sh(f"systemctl show -P TimeoutStopUSec {UNIT1}") == "1min 30s"
+    drained = stop_during_a_long_request(served)
+    print(f"\nstop with shutdown-timeout 30: {drained.get('error') or drained['reply'][1].get('usage')}, "
+          f"stop took {drained['stop_seconds']} s")
+    assert "reply" in drained and drained["reply"][0] == 200, drained
+    assert drained["reply"][1]["usage"]["completion_tokens"] == LONG_TOKENS, drained
+    assert completes(PORT1), served.journal(unit=UNIT1)
+
+    try:
+        run = served.play("service.yml", vllm_fleet_service_shutdown_timeout=0)
+        assert run.rc == 0, run.output[-5000:]
+        assert "shutdown-timeout: 0" in served.sh("cat /etc/vllm-fleet/gpu1.yaml").splitlines()
+        cut = stop_during_a_long_request(served)
+        print(f"stop with shutdown-timeout 0: {cut.get('error') or cut['reply']}, stop took {cut['stop_seconds']} s")
+        whole = "reply" in cut and cut["reply"][0] == 200 \
+            and cut["reply"][1].get("usage", {}).get("completion_tokens") == LONG_TOKENS
+        assert not whole, cut
+    finally:
+        restored = served.play("service.yml")
+    assert restored.rc == 0, restored.output[-5000:]
+    assert completes() and completes(PORT1)
 
 
 def test_prestaging_another_release_does_not_restart_or_move_current(served, prestaged):
@@ -407,16 +478,18 @@ def test_rollback_without_a_known_good_release_fails_clearly(served):
 
 
 def test_an_instance_that_cannot_start_fails_readiness_with_its_journal(served):
-    """vLLM refuses a flag at start (the stand-in lacks --moe-backend, which the schema knows):
-    the instances crash-loop until the start limit, and readiness stops with their journal.
-    Applying a good profile again re-arms the start limit and serves."""
-    unstartable = {**PROFILE, "serve_args": {**PROFILE["serve_args"], "moe-backend": "marlin"}}
+    """vLLM fails at start (nvfp4 KV cache on sm_120: a ValueError at start-up in 0.25.1, its
+    catalogue blocker accepted on purpose): the instances crash-loop until the start limit, and
+    readiness stops with their journal. Applying a good profile again re-arms the start limit
+    and serves."""
+    unstartable = {**PROFILE, "serve_args": {**PROFILE["serve_args"], "kv-cache-dtype": "nvfp4"}}
+    accept = [{"id": "nvfp4-kv-cache-sm12x", "reason": "integration test: an instance that cannot start"}]
     try:
-        run = served.play("service.yml", vllm_fleet_profile=unstartable)
+        run = served.play("service.yml", vllm_fleet_profile=unstartable, vllm_fleet_accepted_risks=accept)
         assert run.rc != 0
         assert "vLLM instances not ready (limit 90 s)" in run.output
         assert "ActiveState=failed" in run.output  # the start limit, not the full timeout
-        assert "unrecognized arguments: --moe-backend" in run.output  # the journal, in the message
+        assert "ValueError" in run.output and "nvfp4" in run.output  # the journal, in the message
     finally:
         restored = served.play("service.yml")
     assert restored.rc == 0, restored.output[-5000:]
@@ -443,7 +516,7 @@ def test_a_profile_change_restarts_once_and_an_unlisted_instance_is_removed(serv
     assert served.node.exec(f"systemctl is-enabled {UNIT1}").stdout.strip() == "disabled"
     # gpu1's files are gone; known-good/ is the configuration kept with the known-good release
     assert served.sh("ls /etc/vllm-fleet").split() == ["api-key.env", "gpu0.env", "gpu0.yaml", "known-good",
-                                                       "profile.json"]
+                                                       "logging.json", "profile.json"]
     # ... and applying it again changes nothing.
     again = served.play("service.yml", vllm_fleet_profile=changed, vllm_fleet_instances=only_gpu0)
     assert again.rc == 0 and re.search(r"svc\s+:.*changed=0", again.output), again.output[-3000:]

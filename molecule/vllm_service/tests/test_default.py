@@ -146,9 +146,30 @@ def test_env_file_pins_the_gpu_and_carries_the_profile_env(host):
     env_file = host.file(f"{CONFIG}/gpu0.env")
     assert (env_file.user, env_file.group, env_file.mode) == ("root", "root", 0o640)
     text = env_file.content_string
-    for line in ('CUDA_VISIBLE_DEVICES="0"', 'CUDA_DEVICE_ORDER="PCI_BUS_ID"', 'VLLM_USE_DEEP_GEMM_E8M0="0"',
-                 f'VLLM_FLEET_HEALTH_URL="http://127.0.0.1:{PORT}/health"'):
+    for line in ('CUDA_VISIBLE_DEVICES="0"', 'CUDA_DEVICE_ORDER="PCI_BUS_ID"', 'VLLM_USE_DEEP_GEMM_E8M0="0"'):
         assert line in text.splitlines()
+    # Not the health wait's URL: real vLLM logs every VLLM_* name it does not know, at every start.
+    assert "VLLM_FLEET" not in text
+
+
+def test_the_health_wait_finds_the_instance_from_its_config(host):
+    post = show(host, "ExecStartPost")["ExecStartPost"]
+    assert f"vllm-fleet-wait-health $MAINPID {CONFIG}/gpu0.yaml" in post
+    assert f"http://127.0.0.1:{PORT}/health answered 200" in journal(host, 400)
+
+
+def test_a_stop_drains_for_shutdown_timeout_and_systemd_waits_longer(host):
+    config = yaml.safe_load(host.file(f"{CONFIG}/gpu0.yaml").content_string)
+    assert config["shutdown-timeout"] == 30
+    assert show(host, "TimeoutStopUSec")["TimeoutStopUSec"] == "1min 30s"
+
+
+def test_vllm_logs_through_the_roles_logging_configuration(host):
+    logging_file = host.file(f"{CONFIG}/logging.json")
+    assert (logging_file.user, logging_file.group, logging_file.mode) == ("root", "vllm", 0o640)
+    assert json.loads(logging_file.content_string)["loggers"]["vllm.entrypoints.serve.utils.api_utils"] == \
+        {"level": "WARNING"}
+    assert f"VLLM_LOGGING_CONFIG_PATH={CONFIG}/logging.json" in show(host, "Environment")["Environment"].split()
 
 
 def test_profile_json_records_what_the_node_serves(host):
