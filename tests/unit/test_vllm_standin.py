@@ -122,6 +122,10 @@ class Node:
     def stdout(self) -> str:
         return (self.logs / "stdout").read_text()
 
+    def output(self) -> str:
+        """Both streams: vLLM logs on stdout (VLLM_LOGGING_STREAM), tracebacks and uvicorn on stderr."""
+        return self.stdout() + self.stderr()
+
     def metrics(self) -> dict[str, float]:
         """Samples by `name{labels}`, plus each bare name when it has a single sample."""
         status, body = self.get("/metrics")
@@ -138,12 +142,12 @@ class Node:
     def wait_ready(self, timeout: float = 15) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"vllm serve exited {self.proc.returncode}:\n{self.stderr()}"
+            assert self.proc.poll() is None, f"vllm serve exited {self.proc.returncode}:\n{self.output()}"
             with contextlib.suppress(OSError):
                 if self.get("/health")[0] == 200:
                     return
             time.sleep(0.05)
-        raise AssertionError(f"vllm serve not ready in {timeout} s:\n{self.stderr()}")
+        raise AssertionError(f"vllm serve not ready in {timeout} s:\n{self.output()}")
 
 
 @contextlib.contextmanager
@@ -429,7 +433,7 @@ def test_endpoints_and_metrics(healthy):
     assert status == 400 and "maximum context length is 8192" in reply["error"]["message"]
     assert healthy.get("/nope")[0] == 404
 
-    detected = healthy.stderr()
+    detected = healthy.output()
     assert "(NVML index 0): compute capability 12.0, cuDNN 92400 as loaded by torch, CUDA graphs on" in detected
 
 
@@ -479,7 +483,9 @@ def test_bench_writes_the_real_keys(healthy, tmp_path):
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
-def test_api_key_is_enforced_and_never_printed(gpu, tmp_path, how):
+def test_api_key_is_enforced_and_logged_only_as_an_argument(gpu, tmp_path, how):
+    """0.25.1 logs every non-default argument, the key included (api_utils.py); a key given
+    only as VLLM_API_KEY is no argument and is not logged."""
     key = "sk-standin-7f3a9c"
     args, env = (("--api-key", key), None) if how == "flag" else ((), {"VLLM_API_KEY": key})
     with serve(gpu, tmp_path, *args, env=env) as node:
@@ -493,8 +499,14 @@ def test_api_key_is_enforced_and_never_printed(gpu, tmp_path, how):
         assert node.get("/health")[0] == 200 and node.get("/metrics")[0] == 200
         node.proc.terminate()
         assert node.proc.wait(timeout=10) == 0
-        assert "Application startup complete." in node.stderr()
-        assert key not in node.stderr() + node.stdout()
+        assert "Application startup complete." in node.output()
+        logged = [line for line in node.stdout().splitlines() if key in line]
+        if how == "flag":
+            [line] = logged
+            assert "INFO" in line and "[api_utils.py:" in line and f"non-default args: {{'model_tag': " in line
+            assert f"'api_key': ['{key}']" in line
+        else:
+            assert logged == [] and key not in node.stderr()
 
 
 def test_several_keys_given_as_the_flag_are_each_accepted_and_override_the_environment(gpu, tmp_path):
@@ -507,14 +519,14 @@ def test_several_keys_given_as_the_flag_are_each_accepted_and_override_the_envir
 
 def test_crash_on_sm120_with_old_cudnn(gpu, tmp_path):
     with serve(gpu, tmp_path, cudnn=91900, env={"VLLM_STANDIN_MEAN_STEPS_TO_CRASH": "5"}) as node:
-        assert "cuDNN 91900 as loaded by torch, CUDA graphs on" in node.stderr()
+        assert "cuDNN 91900 as loaded by torch, CUDA graphs on" in node.output()
         events = _stream(node, {"prompt": "a b c", "max_tokens": 4000, "ignore_eos": True})
         assert events[-1] == "[DONE]"
         assert "EngineCore encountered an issue" in events[-2]["error"]["message"]
         assert node.get("/health")[0] == 503  # dead, not yet gone
         assert node.post("/v1/completions", {"prompt": "hi"})[0] == 500
         assert node.proc.wait(timeout=10) == 0  # and then exits 0 (upstream issue 48966)
-        stderr = node.stderr()
+        stderr = node.output()
     assert ("torch.AcceleratorError: CUDA error: an illegal memory access was encountered" in stderr
             or "torch.AcceleratorError: CUDA error: misaligned address" in stderr)
     assert ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
@@ -532,7 +544,7 @@ def test_no_crash_where_the_bug_does_not_apply(gpu, tmp_path, profile, cudnn, ar
         status, reply = node.post("/v1/completions", {"prompt": "a b c", "max_tokens": 150, "ignore_eos": True})
         assert status == 200 and reply["usage"]["completion_tokens"] == 150
         assert node.get("/health")[0] == 200 and node.proc.poll() is None
-        assert "EngineDeadError" not in node.stderr()
+        assert "EngineDeadError" not in node.output()
 
 
 def test_nvfp4_kv_cache_dies_on_first_batch(gpu, tmp_path):
@@ -540,7 +552,7 @@ def test_nvfp4_kv_cache_dies_on_first_batch(gpu, tmp_path):
         status, reply = node.post("/v1/completions", {"prompt": "a b c", "max_tokens": 3})
         assert status == 500 and "EngineCore encountered an issue" in reply["error"]["message"]
         assert node.proc.wait(timeout=10) == 0
-        assert "torch.AcceleratorError: CUDA error:" in node.stderr()
+        assert "torch.AcceleratorError: CUDA error:" in node.output()
 
 
 @pytest.mark.parametrize("profile, visible, errors", [
@@ -556,7 +568,7 @@ def test_no_usable_gpu_fails_at_start(gpu, tmp_path, profile, visible, errors):
         env["LD_LIBRARY_PATH"] = str(gpu["empty"])
     with serve(gpu, tmp_path, profile=profile or "rtx_pro_6000", env=env, ready=False) as node:
         assert node.proc.wait(timeout=10) == 1
-        stderr = node.stderr()
+        stderr = node.output()
     for error in errors:
         assert error in stderr
 
@@ -565,7 +577,7 @@ def test_enforce_eager_is_slower(gpu, tmp_path):
     load = ("--num-prompts", "8", "--max-concurrency", "4", "--random-input-len", "32", "--random-output-len", "40")
     env = {"VLLM_STANDIN_STEP_SECONDS": "0.01"}  # long enough steps that HTTP time is noise
     with serve(gpu, tmp_path, env=env) as graphs, serve(gpu, tmp_path, "--enforce-eager", env=env) as eager:
-        assert "CUDA graphs off" in eager.stderr()
+        assert "CUDA graphs off" in eager.output()
         with_graphs, _ = _bench(graphs, tmp_path, *load)
         without, _ = _bench(eager, tmp_path, *load)
     assert with_graphs["completed"] == without["completed"] == 8
