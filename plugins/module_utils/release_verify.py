@@ -14,8 +14,23 @@ reference. What it checks:
   Python writes on import) and the files ``uv venv`` itself writes are left out.
 
 check_release() adds, for the role's verify of one release in one module run, the parsed
-manifest, the cuDNN facts of the release (module_utils/cudnn.py) and what its
-``bin/vllm --version`` prints, both run as an unprivileged user.
+manifest, the cuDNN facts of the release (module_utils/cudnn.py) and the version of vllm
+its own Python imports (vllm_version()), both run as an unprivileged user.
+
+Why not ``bin/vllm --version``: in vLLM 0.25.1 it builds every subcommand's parser before it
+reads ``--version`` (vllm/entrypoints/cli/main.py lines 85-90: ``cmd_init``/``subparser_init``,
+then ``parse_args``); ``serve``'s parser (vllm/entrypoints/cli/serve.py line 164,
+``make_arg_parser``) computes EngineArgs' defaults, among them a DeviceConfig whose
+``__post_init__`` raises "Failed to infer device type" when the platform is unspecified
+(vllm/config/device.py lines 49-59; vllm/engine/arg_utils.py line 311). The platform is CUDA
+only when NVML initialises and counts a GPU (cuda_platform_plugin, vllm/platforms/__init__.py
+lines 59-107); otherwise, and with no other platform, it is UnspecifiedPlatform, whose
+device_type is "" (vllm/platforms/interface.py line 1279). So ``vllm --version`` works on a GPU
+node whose driver is loaded, and fails (exit 1) on a CPU machine (run here, 2026-12-07), on a GPU
+node whose driver is not loaded (NVMLError_DriverNotLoaded: an NVML error, swallowed there,
+leaves the platform unspecified) and where the probe user may not open the device nodes
+(NVMLError_NoPermission, the same): a release check that would judge the driver and EngineArgs
+rather than the release. vllm_version() asks the release's Python instead, which needs neither.
 
 Plain Python, read-only: the release_verify module calls in here; tests/unit calls it
 directly on a tree of its own.
@@ -207,11 +222,36 @@ def read_manifest(path: str) -> tuple:
     return manifest, None
 
 
+# Run by the release's Python (-I: no PYTHONPATH, no user site): import vllm, as the server does
+# (vllm/__init__.py takes __version__ from vllm/version.py and imports torch through
+# vllm.env_override), and read the installed dist's version (importlib.metadata, which
+# `vllm --version` prints). No GPU, driver or engine configuration is involved.
+VERSION_PROBE = (
+    "import importlib.metadata, json, os, vllm\n"
+    "print(json.dumps({'version': getattr(vllm, '__version__', None), 'metadata': importlib.metadata.version('vllm'),"
+    " 'module': os.path.realpath(vllm.__file__)}))\n"
+)
+
+
 def vllm_version(venv: str, timeout: int = 60, run=subprocess.run) -> dict:
-    """{stdout, error} of ``<venv>/bin/vllm --version``; ``run`` may be bound by as_user()."""
-    command = os.path.join(venv, "bin", "vllm")
-    out, error = run_probe(run, [command, "--version"], timeout, f"{command} --version")
-    return {"stdout": (out or "").strip(), "error": error}
+    """{version, metadata, module, error}: ``vllm.__version__`` as the release's Python imports
+    it, the installed dist's version, and the file imported; ``error`` says why there are none,
+    or that vllm was imported from outside the release. ``run`` may be bound by as_user()."""
+    python = os.path.join(venv, "bin", "python")
+    what = f"{python} importing vllm"
+    out, error = run_probe(run, [python, "-I", "-c", VERSION_PROBE], timeout, what)
+    result = {"version": None, "metadata": None, "module": None, "error": error}
+    if error:
+        return result
+    try:
+        found = json.loads(out.strip().splitlines()[-1])
+        result.update({key: found[key] for key in ("version", "metadata", "module")})
+    except (ValueError, KeyError, IndexError, TypeError):
+        return {**result, "error": f"{what} printed no version: {out.strip()[-200:]!r}"}
+    inside = os.path.realpath(venv) + os.sep
+    if not str(result["module"]).startswith(inside):
+        result["error"] = f"{what} imported {result['module']}, which is not in the release ({inside})"
+    return result
 
 
 def check_release(path: str, *, lock: str | None = None, missing_ok: bool = False, rehash: bool = True,
@@ -260,7 +300,7 @@ def check_release(path: str, *, lock: str | None = None, missing_ok: bool = Fals
         try:
             as_probe_user = functools.partial(run, **as_user(user))
         except IdentityError as exc:
-            raise VerifyError(f"cannot run {path}/bin/vllm as another user: {exc}") from None
+            raise VerifyError(f"cannot run {path}/bin/python as another user: {exc}") from None
         result["vllm_version"] = vllm_version(path, timeout=timeout, run=as_probe_user)
     # After the probes: the re-hash also sees what the release's code changed while it ran.
     if rehash:
@@ -271,6 +311,6 @@ def check_release(path: str, *, lock: str | None = None, missing_ok: bool = Fals
         said.append(result["cudnn"]["message"])
     if result["vllm_version"]:
         version = result["vllm_version"]
-        said.append(version["error"] or f"bin/vllm --version printed {version['stdout']!r}")
+        said.append(version["error"] or f"its Python imports vllm {version['version']} (dist {version['metadata']})")
     result["message"] = "; ".join(said)
     return result

@@ -19,9 +19,17 @@ description:
   - Reads only; drift is reported in RV(verify.ok), not as a failed task, so the caller decides.
   - Returns the parsed manifest (RV(manifest)). With O(probe), the same run also reports what
     the release's own code says, run as O(run_as), the cuDNN facts of the release as
-    M(vllm_fleet.fleet.cudnn_facts) reports them (RV(cudnn)) and what C(<path>/bin/vllm --version)
-    prints (RV(vllm_version)), so that one module run verifies one release. The probes run
-    before the re-hash, which so also sees what they changed.
+    M(vllm_fleet.fleet.cudnn_facts) reports them (RV(cudnn)) and the version of vllm the release's
+    own Python imports (RV(vllm_version)), so that one module run verifies one release. The probes
+    run before the re-hash, which so also sees what they changed.
+  - The version probe runs C(<path>/bin/python -I), which imports vllm (and so torch) as the server
+    does and reads C(vllm.__version__), the installed dist's version (C(importlib.metadata)) and the
+    file imported, which must lie in the release. Not C(vllm --version): in vLLM 0.25.1 it builds
+    C(serve)'s parser first, whose EngineArgs defaults raise "Failed to infer device type" unless
+    NVML finds a GPU (vllm/entrypoints/cli/main.py lines 85-90, vllm/config/device.py lines 49-59,
+    vllm/platforms/__init__.py lines 59-107). It fails on a CPU machine (run) and on a GPU node
+    whose driver is not loaded or whose device nodes the probe user may not open (read from the
+    source); on a GPU node with a loaded driver it works.
 options:
   path:
     description:
@@ -52,7 +60,7 @@ options:
     description:
       - What of the release's own code to run, as O(run_as), each in its own subprocess.
       - V(cudnn) the probes of M(vllm_fleet.fleet.cudnn_facts) (RV(cudnn)); V(vllm_version)
-        C(<path>/bin/vllm --version) (RV(vllm_version)).
+        the release's Python importing vllm (RV(vllm_version)).
     type: list
     elements: str
     choices: [cudnn, vllm_version]
@@ -98,10 +106,13 @@ EXAMPLES = r"""
     run_as: nobody
   register: release
 
-- name: Stop unless the release's vllm command runs
+- name: Stop unless the release imports the vllm it was built with
   ansible.builtin.assert:
-    that: release.vllm_version.error is none
-    fail_msg: "{{ release.vllm_version.error }}"
+    that:
+      - release.vllm_version.error is none
+      - release.vllm_version.version == '0.25.1'
+      - release.vllm_version.metadata == '0.25.1'
+    fail_msg: "{{ release.vllm_version }}"
   when: release.vllm_version is not none
 """
 
@@ -129,15 +140,26 @@ cudnn:
   sample: {status: ok, effective_version: 9.24.0, torch_cudnn_version: 9.24.0, message: torch 2.11.0 in ... loads cuDNN 9.24.0.}
 vllm_version:
   description:
-    - What C(<path>/bin/vllm --version) printed, run as O(run_as).
+    - What the release's Python says of vllm, run as O(run_as).
     - V(null) unless O(probe) holds V(vllm_version) and there was a usable manifest or O(lock).
   returned: success
   type: dict
   contains:
-    stdout:
-      description: Its output, stripped; empty when it failed.
+    version:
+      description: C(vllm.__version__) as imported; V(null) when the import failed.
       type: str
       sample: 0.25.1
+    metadata:
+      description: The installed dist's version (C(importlib.metadata.version("vllm"))); V(null) when the import failed.
+      type: str
+      sample: 0.25.1
+    module:
+      description: The file imported as vllm (links resolved).
+      type: str
+      sample: /opt/vllm-fleet/releases/vllm-0.25.1_nvidia-cudnn-cu13-9.24.0.43/lib/python3.11/site-packages/vllm/__init__.py
+    error:
+      description: Why it failed (the import, a timeout), or that vllm was imported from outside the release; V(null) otherwise.
+      type: str
     error:
       description: Why it gave no output (timeout, exit status or signal, with the last line of stderr), or V(null).
       type: str

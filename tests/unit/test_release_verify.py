@@ -114,17 +114,25 @@ def test_the_role_pins_uv_by_hash_and_the_wheelhouse_carries_that_uv():
 
 # --- check_release: one module run for the role's verify of one release ---------------------
 # Real venvs from the stand-in wheels (uv, the machine's configuration shut out), with a
-# small vllm wheel of this file's own whose `vllm --version` prints what a test asks.
+# small vllm wheel of this file's own whose module says the version a test asks.
 
 RELEASE_ID = "vllm-0.25.1_nvidia-cudnn-cu13-9.24.0.43"
 
 
 def vllm_wheel(out_dir, prints):
-    """vllm 0.25.1 whose console script prints ``prints``, or fails for None."""
-    body = f"print({prints!r})" if prints else "import sys; sys.exit('vllm: broken install')"
-    files = {"vllm/__init__.py": "", "vllm/cli.py": f"def main():\n    {body}\n",
+    """The dist vllm 0.25.1 whose module says ``__version__ = prints``, or fails to import for
+    None; its `vllm --version` fails as 0.25.1's does without a GPU (never asked)."""
+    init = f"__version__ = {prints!r}\n" if prints else "raise ImportError('vllm: broken install')\n"
+    files = {"vllm/__init__.py": init,
+             "vllm/cli.py": "def main():\n    raise RuntimeError('Failed to infer device type')\n",
              f"{dist_info_dir('vllm', '0.25.1')}/entry_points.txt": "[console_scripts]\nvllm = vllm.cli:main\n"}
     return build_wheel("vllm", "0.25.1", files, [], out_dir)
+
+
+def imported(venv, version="0.25.1", error=None):
+    """vllm_version() of a release whose Python imports vllm ``version``."""
+    site = next(venv.resolve().glob(SITE))
+    return {"version": version, "metadata": "0.25.1", "module": f"{site}/vllm/__init__.py", "error": error}
 
 
 def make_release(make_venv, tmp_path_factory, name, prints="0.25.1"):
@@ -149,9 +157,9 @@ def test_an_installed_release_is_read_probed_and_rehashed_in_one_call(release):
     assert (result["installed"], result["manifest"], result["manifest_error"]) == (True, manifest, None)
     assert result["verify"]["ok"], result["verify"]["message"]
     assert (result["cudnn"]["status"], result["cudnn"]["torch_cudnn_version"]) == ("ok", "9.24.0")
-    assert result["vllm_version"] == {"stdout": "0.25.1", "error": None}
+    assert result["vllm_version"] == imported(venv)
     assert result["message"].startswith(f"{venv}: 3 dists as expected")
-    assert "loads cuDNN 9.24.0" in result["message"] and "printed '0.25.1'" in result["message"]
+    assert "loads cuDNN 9.24.0" in result["message"] and "its Python imports vllm 0.25.1 (dist 0.25.1)" in result["message"]
 
 
 def test_without_probes_or_rehash_nothing_more_is_run(release):
@@ -159,7 +167,7 @@ def test_without_probes_or_rehash_nothing_more_is_run(release):
     result = check_release(str(venv))
     assert result["verify"]["ok"] and result["cudnn"] is None and result["vllm_version"] is None
     result = check_release(str(venv), rehash=False, probes=["vllm_version"])
-    assert result["verify"] is None and result["vllm_version"]["stdout"] == "0.25.1"
+    assert result["verify"] is None and result["vllm_version"]["version"] == "0.25.1"
 
 
 def never_run(*args, **kwargs):
@@ -189,14 +197,29 @@ def test_an_unusable_manifest_is_named_and_nothing_is_run(tmp_path, text, error)
     assert (result["manifest"] is None) == (not text.startswith('{"'))
 
 
-def test_a_vllm_that_prints_another_version_or_fails_is_reported(make_venv, tmp_path_factory):
+def test_a_vllm_that_says_another_version_or_fails_to_import_is_reported(make_venv, tmp_path_factory):
     venv, _ = make_release(make_venv, tmp_path_factory, "release-other", prints="0.25.2")
     result = check_release(str(venv), probes=["vllm_version"])
-    assert result["verify"]["ok"] and result["vllm_version"] == {"stdout": "0.25.2", "error": None}
+    assert result["verify"]["ok"] and result["vllm_version"] == imported(venv, "0.25.2")
 
     venv, _ = make_release(make_venv, tmp_path_factory, "release-broken", prints=None)
     version = check_release(str(venv), rehash=False, probes=["vllm_version"])["vllm_version"]
-    assert version == {"stdout": "", "error": f"{venv}/bin/vllm --version failed (exit status 1): vllm: broken install"}
+    assert version == {"version": None, "metadata": None, "module": None,
+                       "error": f"{venv}/bin/python importing vllm failed (exit status 1): ImportError: vllm: broken install"}
+
+
+def test_a_vllm_imported_from_outside_the_release_is_an_error(release, tmp_path):
+    """-I keeps PYTHONPATH out; a module found elsewhere anyway (a .pth, a link) is named."""
+    venv, _ = release
+    elsewhere = tmp_path / "vllm" / "__init__.py"
+
+    def run(cmd, **kwargs):
+        out = json.dumps({"version": "0.25.1", "metadata": "0.25.1", "module": str(elsewhere)})
+        return subprocess.CompletedProcess(cmd, 0, out + "\n", "")
+
+    version = check_release(str(venv), rehash=False, probes=["vllm_version"], run=run)["vllm_version"]
+    assert version["error"] == (f"{venv}/bin/python importing vllm imported {elsewhere}, which is not in the "
+                                f"release ({venv.resolve()}/)")
 
 
 def test_probes_run_as_the_user_and_the_rehash_sees_what_they_wrote(as_root, make_venv, tmp_path_factory):
@@ -207,13 +230,13 @@ def test_probes_run_as_the_user_and_the_rehash_sees_what_they_wrote(as_root, mak
 
     def run(cmd, user=None, group=None, extra_groups=None, **kwargs):
         calls.append((cmd[0], user, group, extra_groups))
-        if cmd[-1] == "--version":
+        if cmd[1:3] == ["-I", "-c"] and "importlib.metadata" in cmd[3]:
             (next(venv.glob(SITE)) / "zz-probe.pth").write_text("import os\n")
         return subprocess.run(cmd, **kwargs)  # as this test's own user: the switch is subprocess's
 
     result = check_release(str(venv), probes=["cudnn", "vllm_version"], user="prober", run=run)
     assert len(calls) == 4 and all(user == 4242 and group == 4343 and extra == [] for _, user, group, extra in calls), calls
-    assert result["vllm_version"]["stdout"] == "0.25.1"
+    assert result["vllm_version"]["version"] == "0.25.1"
     assert not result["verify"]["ok"] and result["verify"]["files"] == {
         "(no dist)": {"changed": [], "missing": [], "added": [f"{SITE}/zz-probe.pth"]}}
 
