@@ -40,6 +40,12 @@ def for_terminal(text: str) -> str:
     return escaped(text, keep="\n\t")
 
 
+def one_line(text: str) -> str:
+    """text as one line of a terminal: escape sequences removed, every control but tab
+    escaped (a newline too, so nothing can start a line of its own)."""
+    return escaped(ESCAPE_SEQUENCE.sub("", text), keep="\t")
+
+
 def control_problem(text: str) -> str | None:
     """Why text is not one line of printable text, or None."""
     bad = CONTROL.search(text)

@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="inventory file or directory (repeatable); default: the project's ansible.cfg inventory")
     opts.add_argument("-l", "--limit", metavar="PATTERN", help="limit the run to these hosts/groups, as in Ansible")
     opts.add_argument("-e", "--extra-vars", action="append", metavar="VARS", default=[],
-                      help="extra variables as key=value, inline JSON/YAML, or @file (repeatable; later wins)")
+                      help="extra variables as key=value, inline JSON/YAML, or @file (repeatable; of these a later "
+                           "value wins). A vaulted @file goes to ansible-playbook before all of them, wherever it "
+                           "is given: a plain value wins over it")
     opts.add_argument("--vault-id", action="append", metavar="ID", default=[],
                       help="a vault identity for ansible-playbook (label@source; repeatable)")
     opts.add_argument("--vault-password-file", action="append", metavar="PATH", type=Path, default=[],

@@ -6,10 +6,22 @@ Events are the dicts ansible-runner hands to an event_handler (and writes under
 """
 from __future__ import annotations
 
-import re
+import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+def _load_terminal_text():
+    """The collection's plain-Python terminal_text (the rollout lock escapes lease fields with
+    it), from the checkout this package is installed from in editable mode."""
+    path = Path(__file__).resolve().parents[2] / "plugins" / "module_utils" / "terminal_text.py"
+    spec = importlib.util.spec_from_file_location("vllm_fleet_terminal_text", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+terminal_text = _load_terminal_text()
 DEBUG_ACTIONS = {"debug", "ansible.builtin.debug", "ansible.legacy.debug"}
 # Ansible's own words for a loop's aggregate result: the items carry the real message.
 LOOP_SUMMARIES = {"One or more items failed", "All items completed"}
@@ -41,11 +53,14 @@ def task_label(data: dict) -> str:
 
 
 def clean(text: str) -> str:
-    return ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
+    """Text from a task or a node as the operator's terminal may show it: escape sequences
+    (CSI, OSC, DCS, ...) removed, CR made a newline, other controls escaped (\\x07)."""
+    return terminal_text.for_terminal(text)
 
 
 def result_message(res: dict | None) -> str | None:
-    """The readable part of a task result: msg, else stderr/stdout of a command."""
+    """The readable part of a task result: msg, else stderr/stdout of a command; cleaned,
+    whatever its type (a node's output may hold any bytes)."""
     if not isinstance(res, dict):
         return None
     parts = []
@@ -53,9 +68,9 @@ def result_message(res: dict | None) -> str | None:
         value = res.get(key)
         if value not in (None, "", []):
             if isinstance(value, list):
-                parts.append("\n".join(str(v) for v in value))
+                parts.append(clean("\n".join(str(v) for v in value)))
             else:
-                parts.append(clean(value).rstrip() if isinstance(value, str) else str(value))
+                parts.append(clean(value).rstrip() if isinstance(value, str) else clean(str(value)))
             # A command's own "non-zero return code" says little: add what it printed.
             if key == "msg" and res.get("rc") not in (None, 0) and (res.get("stderr") or res.get("stdout")):
                 continue

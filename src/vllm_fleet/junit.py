@@ -15,16 +15,20 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .events import clean
+
 FAILURE_STATUSES = ("failed", "blocked", "rolled_back")
 ERROR_STATUSES = ("unreachable",)
 SKIPPED_STATUSES = ("skipped", "unknown")
-# XML 1.0 cannot carry these at all, escaped or not (ansible output can hold them).
-_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# XML 1.0 cannot carry these at all, escaped or not; clean() writes out the controls and lone
+# surrogates (ansible output can hold them), and these two are written out here.
+_NONCHARACTERS = re.compile("[\ufffe\uffff]")
 
 
 def xml_text(value) -> str:
-    return _INVALID_XML.sub("", _ANSI.sub("", "" if value is None else str(value)))
+    """Any text as XML 1.0 can carry it: what it cannot is written out (\\x1b, \\udc80)."""
+    text = clean("" if value is None else str(value))
+    return _NONCHARACTERS.sub(lambda m: "\\u%04x" % ord(m.group()), text)
 
 
 def _first_line(text: str) -> str:
@@ -59,14 +63,14 @@ def build(summary: dict) -> ET.ElementTree:
         status = info.get("status")
         message = xml_text(info.get("message") or f"{host}: {status}")
         if status in FAILURE_STATUSES:
-            el = ET.SubElement(case, "failure", message=_first_line(message), type=status)
+            el = ET.SubElement(case, "failure", message=_first_line(message), type=xml_text(status))
             el.text = message
         elif status in ERROR_STATUSES:
-            el = ET.SubElement(case, "error", message=_first_line(message), type=status)
+            el = ET.SubElement(case, "error", message=_first_line(message), type=xml_text(status))
             el.text = message
         elif status in SKIPPED_STATUSES:
-            ET.SubElement(case, "skipped", message=f"{host}: skipped" if status == "skipped"
-                          else f"{host}: no result (the run ended before Ansible reported on it)")
+            ET.SubElement(case, "skipped", message=xml_text(f"{host}: skipped" if status == "skipped"
+                          else f"{host}: no result (the run ended before Ansible reported on it)"))
         out = ET.SubElement(case, "system-out")
         facts = {"status": status, "preflight": info.get("preflight_verdict"), "soak": info.get("soak_verdict"),
                  "release": _release_text(info.get("release")) or None}
@@ -79,7 +83,7 @@ def build(summary: dict) -> ET.ElementTree:
                           time=f"{float(summary.get('duration_s') or 0):.3f}")
         tag = "error" if summary.get("outcome") == "usage_error" else "failure"
         message = xml_text(summary.get("message") or summary.get("outcome"))
-        el = ET.SubElement(case, tag, message=_first_line(message), type=str(summary.get("outcome")))
+        el = ET.SubElement(case, tag, message=_first_line(message), type=xml_text(summary.get("outcome")))
         el.text = message
         cases.append(case)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from .events import DEBUG_ACTIONS, LOOP_SUMMARIES, clean, result_message, task_label
+from .events import DEBUG_ACTIONS, LOOP_SUMMARIES, clean, result_message, task_label, terminal_text
 
 MAX_LINES = 40  # of one message; the rest is in the artifacts
 
@@ -56,7 +56,11 @@ class ProgressFormatter:
         return [first.rstrip()] + [(" " * len(prefix) + line).rstrip() for line in rest]
 
     def format(self, event: dict) -> list[str]:
-        """The lines for one event (often none)."""
+        """The lines for one event (often none), each one line of the operator's terminal:
+        play, task, host and item names are someone's text too (a templated task name)."""
+        return [terminal_text.one_line(line) for line in self._format(event)]
+
+    def _format(self, event: dict) -> list[str]:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
         when = clock(event.get("created"))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .events import terminal_text
 from .outcome import read_reports
 
 REPORT_FILE = "rollout.html"
@@ -53,7 +54,9 @@ STATUS_LABELS = {"rolled_back": "rolled back", "not_reached": "not reached"}
 
 
 def esc(value) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    """Text for the page: HTML-escaped, and what is not text (controls, lone surrogates, which
+    no UTF-8 file can hold) written out as \\xNN / \\uNNNN."""
+    return html.escape(terminal_text.escaped("" if value is None else str(value), keep="\n\t"), quote=True)
 
 
 # =========================================================================== SVG plots

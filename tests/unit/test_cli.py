@@ -506,10 +506,90 @@ def test_junit_one_testcase_per_host_with_the_right_counts(tmp_path):
     assert {p.get("name"): p.get("value") for p in suite.iter("property")}["outcome"] == "gate_failed"
 
 
-def test_junit_strips_what_xml_cannot_carry(tmp_path):
+def test_junit_strips_colours_and_writes_out_what_xml_cannot_carry(tmp_path):
     summary = summary_for({"n1": host("failed", "\x1b[31mfatal\x1b[0m: \x00bad\x07 byte")}, "failed", 1)
     root = parse_junit(junit.write(summary, tmp_path / "j.xml"))
-    assert root.find(".//failure").text == "fatal: bad byte"
+    assert root.find(".//failure").text == "fatal: \\x00bad\\x07 byte"
+
+
+HOSTILE = "\udc80 \ud800x \x1b]0;owned\x07 \x1bP1$r\x1b\\ \x9b2J \x00 \ufffe"
+
+
+def test_junit_is_valid_xml_whatever_the_text(tmp_path):
+    # Reproduction: a lone surrogate (a non-UTF-8 name, decoded with surrogateescape) in a
+    # message made junit.xml unparseable. Here in every field that reaches the file.
+    summary = summary_for({f"n1{HOSTILE}": host("failed", f"boom {HOSTILE}\nsecond", failed_task=f"t {HOSTILE}"),
+                           f"n2{HOSTILE}": host("skipped"), "n3": host(f"odd {HOSTILE}")},
+                          f"failed{HOSTILE}", 1, f"run {HOSTILE}")
+    path = junit.write(summary, tmp_path / "j.xml")
+    root = ET.parse(path).getroot()  # parses: that is the point
+    failure = root.find(".//failure")
+    assert failure.text.startswith("boom \\udc80 \\ud800x  ") and failure.text.endswith("\\x00 \\ufffe\nsecond")
+    assert "owned" not in ET.tostring(root, encoding="unicode")  # the OSC is gone, not shown
+    check_junit_schema(root)
+
+
+def test_progress_lines_carry_no_escape_sequence_nor_control(tmp_path):
+    # Reproduction: an OSC sequence in a lease holder (through a task's msg) retitled the
+    # operator's terminal; only CSI was stripped.
+    import re
+    event = {"event": "runner_on_failed", "created": "2026-12-02T15:00:00+00:00",
+             "event_data": {"host": "lb01\x1b]0;x\x07", "task": "Take the lock \x1b]8;;http://e\x1b\\here\x1b]8;;\x1b\\",
+                            "res": {"msg": "held by run-a\x1b]0;rollout finished\x07 (user \x1bP+q\x1b\\deploy)\r"
+                                           "forged line\x9b2J\x07\udc80 end"}}}
+    lines = ProgressFormatter().format(event)
+    text = "\n".join(lines)
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]", text), ascii(text)
+    assert "held by run-a (user deploy)" in lines[0] and "Take the lock here" in lines[0]
+    assert lines[1].strip() == "forged line\\x07\\udc80 end"
+
+
+def test_progress_lines_keep_plain_text_and_strip_colours():  # negative control
+    event = {"event": "runner_on_failed", "created": "2026-12-02T15:00:00+00:00",
+             "event_data": {"host": "lb01", "task": "Take the lock", "res": {"msg": "\x1b[31mheld\x1b[0m by run-a\tnow"}}}
+    [line] = ProgressFormatter().format(event)
+    assert line.endswith("lb01     FAILED       Take the lock | held by run-a\tnow")
+
+
+def test_the_html_report_is_written_whatever_the_text(tmp_path):
+    # A lone surrogate could not be written to the UTF-8 page (UnicodeEncodeError).
+    from vllm_fleet import report as html_report
+    summary = {"command": "rollout", "outcome": "failed", "exit_code": 1, "message": f"run {HOSTILE}",
+               "hosts": {f"n1{HOSTILE}": {"status": "failed", "message": f"boom {HOSTILE}"}}}
+    page = html_report.build_report(tmp_path, summary=summary).read_text(encoding="utf-8")
+    assert "\\udc80" in page and "\x1b" not in page and "\x9b" not in page
+
+
+def test_a_plain_extra_var_wins_over_a_vaulted_file_wherever_given_as_the_help_says(tmp_path, capsys):
+    # What Ansible does with the order the CLI passes (ansible-runner puts the vaulted
+    # -e @file of its cmdline before its own -e @env/extravars): a real run.
+    from vllm_fleet.extravars import vault_files
+    from vllm_fleet.runner import RunRequest, run
+    password = tmp_path / "vault-pass"
+    password.write_text("correct horse battery staple\n")
+    vaulted = tmp_path / "vaulted.yml"
+    vaulted.write_text("before: vaulted\nafter: vaulted\n")
+    subprocess.run([str(Path(sys.executable).parent / "ansible-vault"), "encrypt", str(vaulted),
+                    "--vault-password-file", str(password)], check=True, capture_output=True)
+    (tmp_path / "play.yml").write_text("- hosts: all\n  gather_facts: false\n  tasks:\n"
+                                       "    - ansible.builtin.debug:\n        msg: 'before={{ before }} after={{ after }}'\n")
+    argv = ["-e", "before=plain", "-e", f"@{vaulted}", "-e", "after=plain"]
+    args = cli.build_parser().parse_args(["preflight", *argv, "--vault-password-file", str(password)])
+    events: list[dict] = []
+    result = run(RunRequest(project_dir=ROOT, playbook=tmp_path / "play.yml",
+                            inventories=[local_inventory(tmp_path / "inv.json", {"localhost": {}})],
+                            private_data_dir=tmp_path / "run", ident="order",
+                            extravars=parse_extra_vars(args.extra_vars, project_dir=ROOT, cwd=tmp_path),
+                            vault_files=vault_files(args.extra_vars, cwd=tmp_path), vault_password_files=[password]),
+                 events.append)
+    assert result.rc == 0
+    said = [e["event_data"]["res"]["msg"] for e in events if e.get("event") == "runner_on_ok"]
+    assert said == ["before=plain after=plain"]
+    with pytest.raises(SystemExit):
+        cli.main(["preflight", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert ("A vaulted @file goes to ansible-playbook before all of them, wherever it is given: a plain value wins "
+            "over it") in help_text
 
 
 def test_junit_a_failure_without_a_host_to_blame_gets_its_own_testcase(tmp_path):
