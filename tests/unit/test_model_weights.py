@@ -11,8 +11,10 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -25,11 +27,13 @@ from ansible_collections.vllm_fleet.fleet.plugins.module_utils.model_weights imp
     WeightsError,
     check,
     check_model,
+    copy_capped,
     parse_sums,
     prune,
     read_token,
     stage,
 )
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import model_weights
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import dump_config, model_path
 from ansible_collections.vllm_fleet.fleet.plugins.modules.model_weights import ARGUMENT_SPEC, run
 from tests.fixtures.hub_endpoint import FakeHub, git_blob_sha1
@@ -39,6 +43,7 @@ try:  # a test dependency (pyproject); the Hub source's tests need it, the rest 
 except ImportError:  # pragma: no cover
     HF_CONSTANTS = None
 
+ROOT = Path(__file__).resolve().parents[2]
 SHARD = "model-00001-of-00002.safetensors"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOKEN = "hf_TestTokenValue0123456789"
@@ -709,3 +714,289 @@ def test_a_hub_file_that_vanished_after_the_listing(models_dir, monkeypatch):
             stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url, allow_http=True))
     assert "sub/tokenizer.json" in str(err.value) and "404" in str(err.value)
     assert_nothing_left(models_dir)
+
+
+# --- credentials at -vvv, through ansible-runner (issue 32, item 5) --------------------------
+
+SECRET = "s3cr3t-Mirror-Pass"
+VVV_PLAY = """- hosts: all
+  gather_facts: false
+  tasks:
+    - name: Stage through the role
+      ansible.builtin.import_role:
+        name: vllm_fleet.fleet.vllm_model
+    - name: A revision the mirror does not have, through the role
+      block:
+        - name: Stage a missing revision
+          ansible.builtin.import_role:
+            name: vllm_fleet.fleet.vllm_model
+          vars:
+            vllm_fleet_profile: {weights: {name: m, revision: r9}}
+      rescue:
+        - name: Note the refusal
+          ansible.builtin.set_fact:
+            refused: "{{ ansible_failed_result.msg }}"
+
+- hosts: all
+  gather_facts: false
+  tasks:
+    - name: CONTROL the old path - the URL with its credentials as a module argument
+      vllm_fleet.fleet.model_weights:
+        models_dir: "{{ vllm_fleet_models_dir }}"
+        name: m
+        revision: r1
+        mirror: "{{ vllm_fleet_model_mirror }}"
+        timeout: not-a-number
+      ignore_errors: true
+"""
+
+
+def test_mirror_credentials_reach_no_output_at_vvv_nor_any_job_event(tmp_path, models_dir, mirror, monkeypatch):
+    """The role at -vvv through the product's own ansible-runner call: the password is in no
+    line of the output and no job event, the staging succeeded with it and a failure's message
+    names the URL without it. The last task is the negative control: the module given the URL
+    whole and failing its argument check echoes its arguments, password included, as the old
+    role's task did in every result - the search finds it there, so it can fail."""
+    import vllm_fleet.runner as runner
+
+    make_model(mirror, shard_bytes=4096)
+    (tmp_path / "play.yml").write_text(VVV_PLAY)
+    (tmp_path / "hosts.yml").write_text(f"all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+                                        f"      ansible_python_interpreter: {sys.executable}\n"
+                                        "      vllm_fleet_profile: {weights: {name: m, revision: r1}}\n")
+    plain_kwargs = runner.runner_kwargs
+    monkeypatch.setattr(runner, "runner_kwargs", lambda *a: {**plain_kwargs(*a), "verbosity": 3})
+    events = []
+    with http_mirror(mirror, credentials=f"fleet:{SECRET}") as (url, seen):
+        extravars = {"vllm_fleet_model_mirror": url.replace("http://", f"http://fleet:{SECRET}@"),
+                     "vllm_fleet_model_allow_http": True, "vllm_fleet_model_reserve_gib": 0,
+                     "vllm_fleet_models_dir": str(models_dir), "vllm_fleet_config_dir": str(tmp_path / "etc")}
+        result = runner.run(runner.RunRequest(
+            project_dir=ROOT, playbook=tmp_path / "play.yml", inventories=[tmp_path / "hosts.yml"],
+            private_data_dir=tmp_path / "run", ident="vvv", extravars=extravars), on_event=events.append)
+    stdout = (result.artifact_dir / "stdout").read_text()
+    assert result.rc == 0, stdout[-3000:]
+    assert "ESTABLISH LOCAL CONNECTION" in stdout  # -vvv
+    assert check(str(models_dir), "m", "r1", rehash=True)["verified"] is True
+    assert {header for _, _, header in seen if header} == {"Basic " + base64.b64encode(f"fleet:{SECRET}".encode()).decode()}
+    refused = [e for e in events if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == "Note the refusal"]
+    assert refused and f"the mirror answered 404 File not found for {url}/m/r9/SHA256SUMS" in json.dumps(refused)
+
+    control = [e for e in events if "CONTROL" in json.dumps(e.get("event_data", {}).get("task", ""))]
+    assert SECRET in json.dumps(control)  # negative control: the search finds a leak
+    others = [e for e in events if e not in control]
+    assert len(others) > 10 and all(SECRET not in json.dumps(e) for e in others)
+    before_control = stdout.split("TASK [CONTROL")[0]
+    assert "TASK [vllm_fleet.fleet.vllm_model : Stage the profile" in before_control and SECRET not in before_control
+    assert SECRET in stdout.split("TASK [CONTROL")[1]
+    for path in (tmp_path / "run").rglob("*"):  # every artifact but the control's events
+        if path.is_file() and path.name != "stdout" and "CONTROL" not in path.read_text(errors="replace"):
+            assert SECRET not in path.read_text(errors="replace"), path
+
+
+# --- a hostile HTTP mirror (issue 32, item 5) -------------------------------------------------
+
+
+@contextmanager
+def scripted_server(answer):
+    """An HTTP server on 127.0.0.1 whose handler is answer(handler); yields (url, requests seen)
+    as (method, path, Authorization)."""
+    seen = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            seen.append(("GET", self.path, self.headers.get("Authorization")))
+            answer(self)
+
+        def do_HEAD(self):
+            seen.append(("HEAD", self.path, self.headers.get("Authorization")))
+            answer(self)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def sums_for(files: dict) -> bytes:
+    """SHA256SUMS as sha256sum and stat write it, composed here for bytes the test chooses."""
+    return ("".join(f"{hashlib.sha256(data).hexdigest()}  {rel}\n" for rel, data in files.items())
+            + "".join(f"# size {len(data)}  {rel}\n" for rel, data in files.items())).encode()
+
+
+def send(handler, status, body=b"", headers=None, length=True):
+    handler.send_response(status)
+    for key, value in (headers or {}).items():
+        handler.send_header(key, value)
+    if length:
+        handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(body)
+
+
+STREAMED = 64 << 20  # what the lying mirror sends for a file it says is 14 bytes
+
+
+def lying_mirror(announce_length):
+    """HEAD says 14 bytes; GET streams STREAMED bytes (with or without saying so)."""
+    small = b'{"x": "small"}'
+    assert len(small) == 14
+
+    def answer(handler):
+        if handler.path.endswith("/SHA256SUMS"):
+            return send(handler, 200, sums_for({"model.safetensors": small}))
+        if handler.command == "HEAD":
+            return send(handler, 200, small)
+        handler.send_response(200)
+        if announce_length:
+            handler.send_header("Content-Length", str(STREAMED))
+        handler.end_headers()
+        block = b"\0" * (1 << 20)
+        try:
+            for _ in range(STREAMED >> 20):
+                handler.wfile.write(block)
+        except OSError:  # the client stopped reading: what the cap is for
+            pass
+    return answer
+
+
+@pytest.mark.parametrize("announce_length", [False, True], ids=["streamed", "announced"])
+def test_a_mirror_that_streams_more_than_declared_is_stopped_at_the_declared_size(models_dir, announce_length,
+                                                                                  monkeypatch):
+    written = []
+    real_copy = copy_capped
+
+    def counting(source, out, spec, where):
+        class Counting:
+            def write(self, data):
+                written.append(len(data))
+                return out.write(data)
+        return real_copy(source, Counting(), spec, where)
+
+    monkeypatch.setattr(model_weights, "copy_capped", counting)
+    with scripted_server(lying_mirror(announce_length)) as (url, seen):
+        with pytest.raises(WeightsError) as err:
+            stage(str(models_dir), "m", "r1", MirrorSource(url, "m", "r1", timeout=10, allow_http=True))
+    if announce_length:
+        assert str(err.value) == (f"model.safetensors from {url}/m/r1: the mirror announces {STREAMED} bytes,"
+                                  " SHA256SUMS declares 14: refused before the download")
+        assert written == []
+    else:
+        assert str(err.value) == (f"model.safetensors from {url}/m/r1: more than the 14 bytes SHA256SUMS declares:"
+                                  " the download was stopped there and removed")
+        assert sum(written) <= 14  # never a byte past the declared size on disk
+    assert [method for method, _, _ in seen] == ["GET", "GET"]  # no HEAD: the size is the declared one
+    assert_nothing_left(models_dir)
+
+
+def test_negative_control_the_old_path_took_heads_size_and_copied_everything(tmp_path):
+    """What the red team saw: HEAD's 14 bytes for the disk check, then a plain copy of all
+    that came."""
+    from ansible.module_utils.urls import open_url
+    with scripted_server(lying_mirror(False)) as (url, _):
+        with open_url(f"{url}/m/r1/model.safetensors", method="HEAD", timeout=10) as head:
+            assert head.headers["Content-Length"] == "14"
+        with open_url(f"{url}/m/r1/model.safetensors", timeout=10) as source, open(tmp_path / "x", "wb") as out:
+            shutil.copyfileobj(source, out, 1 << 20)
+    assert (tmp_path / "x").stat().st_size == STREAMED
+
+
+def test_the_disk_check_uses_the_declared_sizes(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    sums = mirror / "m" / "r1" / "SHA256SUMS"
+    sums.write_text(sums.read_text().replace("# size 16  ", f"# size {10 ** 15 - 1}  "))
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert "GiB free" in str(err.value) and "needs 931322.6 GiB" in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda text: "\n".join(line for line in text.splitlines() if "sub/x.json" not in line or not line.startswith("#")),
+     ["no declared size for sub/x.json", "a file of unknown size is not downloaded", "stat -c"]),
+    (lambda text: text + f"# size 3  other.bin\n", ["a size but no sha256 for other.bin"]),
+    (lambda text: text + f"# size {'9' * 320}  config.json\n", ["line 9", "is not a sha256sum line",
+                                                                "nor a size line", "at most 15 digits"]),
+    (lambda text: text + "# size 42  config.json\n", ["line 9: config.json is listed twice"]),
+])
+def test_sizes_in_sha256sums_must_be_complete_and_sane(models_dir, mirror, edit, words):
+    make_model(mirror, shard_bytes=16, sizes=True)
+    sums = mirror / "m" / "r1" / "SHA256SUMS"
+    sums.write_text(edit(sums.read_text()))
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    for word in words:
+        assert word in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+def test_a_plain_sha256sums_without_sizes_is_refused(models_dir, mirror):
+    """What a mirror made before this change has: refused with the command that fixes it."""
+    make_model(mirror, shard_bytes=16, sizes=False)
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert "no declared size for config.json, model-00001-of-00002.safetensors" in str(err.value)
+    assert_nothing_left(models_dir)
+
+
+def other_origin(target_url):
+    """A server that redirects every request to target_url + its path."""
+    def answer(handler):
+        send(handler, 302, headers={"Location": target_url + handler.path})
+    return answer
+
+
+def test_a_redirect_to_another_origin_is_refused_and_sends_it_nothing(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    with http_mirror(mirror) as (elsewhere, seen_elsewhere):
+        with scripted_server(other_origin(elsewhere)) as (url, seen):
+            with pytest.raises(WeightsError) as err:
+                stage(str(models_dir), "m", "r1", MirrorSource(url.replace("http://", "http://fleet:secret@"), "m",
+                                                               "r1", timeout=10, allow_http=True))
+    assert str(err.value) == (
+        f"the mirror redirected {url}/m/r1/SHA256SUMS to another origin, {elsewhere}/m/r1/SHA256SUMS: refused,"
+        " a mirror's requests (and its credentials) stay with the scheme, host and port vllm_fleet_model_mirror"
+        " names; serve the files there, or name that origin as the mirror")
+    assert seen_elsewhere == []  # the other origin never saw a request, let alone the credentials
+    assert seen[0][2] == "Basic " + base64.b64encode(b"fleet:secret").decode()
+    assert_nothing_left(models_dir)
+
+
+def test_negative_control_urllib_sends_the_credentials_to_the_other_origin(mirror):
+    """The old path (open_url as it was called, urllib's redirects): the other host got the header."""
+    from ansible.module_utils.urls import open_url
+    make_model(mirror, shard_bytes=16)
+    header = "Basic " + base64.b64encode(b"fleet:secret").decode()
+    with http_mirror(mirror) as (elsewhere, seen_elsewhere):
+        with scripted_server(other_origin(elsewhere)) as (url, _):
+            with open_url(f"{url}/m/r1/SHA256SUMS", headers={"Authorization": header}, timeout=10) as answer:
+                assert answer.read().startswith(b"")
+    assert seen_elsewhere == [("GET", "/m/r1/SHA256SUMS", header)]
+
+
+def test_a_redirect_within_the_origin_is_followed_with_the_credentials(models_dir, mirror):
+    files = make_model(mirror, shard_bytes=16)
+
+    def answer(handler):  # /m/... moved to /moved/m/... on the same origin
+        if handler.path.startswith("/moved/"):
+            return send(handler, 200, (mirror / handler.path[len("/moved/"):]).read_bytes())
+        send(handler, 301, headers={"Location": "/moved" + handler.path})
+    with scripted_server(answer) as (url, seen):
+        result = stage(str(models_dir), "m", "r1", MirrorSource(url.replace("http://", "http://fleet:secret@"),
+                                                                "m", "r1", timeout=10, allow_http=True))
+    assert result["changed"] is True and result["source"] == f"{url}/m/r1"
+    assert_staged(models_dir, "m", "r1", files)
+    assert len(seen) == 2 * 5 and {header for _, _, header in seen} == {
+        "Basic " + base64.b64encode(b"fleet:secret").decode()}
