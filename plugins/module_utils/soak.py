@@ -26,14 +26,18 @@ from dataclasses import dataclass, field
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.identity import IdentityError, as_user
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_bench import (
+    DEFAULT_SCRATCH_DIR,
     REFERENCE_CONCURRENCY,
     REFERENCE_INPUT_LEN,
     REFERENCE_OUTPUT_LEN,
     BenchLoad,
     aggregate_bench,
+    check_tokenizer,
 )
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_monitor import (
+    CONCURRENCY_FRACTION,
     DEFAULT_JOURNAL_PATTERNS,
+    LOAD_MIN_FRACTION,
     JournalLine,
     Monitor,
     MonitorConfig,
@@ -65,7 +69,7 @@ VERDICT_FILE = "verdict.json"
 
 # --------------------------------------------------------------------------- verdict
 
-def failure_reasons(monitor: Monitor, *, elapsed_s: float, stopped: str, load_error: str | None) -> list[str]:
+def failure_reasons(monitor: Monitor, *, elapsed_s: float, stopped: str) -> list[str]:
     """Why the soak failed, before performance is looked at: one sentence per reason."""
     reasons: list[str] = []
     for crash in monitor.crashes:
@@ -83,9 +87,51 @@ def failure_reasons(monitor: Monitor, *, elapsed_s: float, stopped: str, load_er
                        f"{first}.")
     if stopped == "interrupted":
         reasons.append(f"The soak was interrupted after {elapsed_s:.0f} s before reaching a verdict.")
-    if load_error and not broke:
-        reasons.append(f"The load could not run: {load_error}")
     return reasons
+
+
+def load_proof(monitor: Monitor, bench_results: list[dict], failures: list[dict]) -> dict:
+    """Whether the soak delivered its load, from both sides: the bench's runs completed
+    requests, and the server's own counters showed tokens generated and the configured
+    concurrency running for most of the soak (``soak_monitor.LOAD_MIN_FRACTION``). ``cause``
+    names the first thing missing; ``reason`` says all of it, or is None when delivered."""
+    seen = monitor.load_evidence()
+    problems: list[tuple[str, str]] = []
+    runs = [f for f in failures if f["run"]]  # a failure without a run: found before the load started
+    if not bench_results:
+        if failures:
+            last = failures[-1]
+            problems.append((last["cause"], (f"no load run completed a request ({len(runs)} run(s) failed); "
+                                             if runs else "") + last["message"]))
+        else:
+            problems.append(("no_run_finished", "no load run finished within the soak: make the soak outlast one "
+                                                "run (about run_s seconds after the bench starts)"))
+    if not monitor.samples:
+        pass  # the soak stopped before its first sample: nothing to say of the server
+    elif not seen["metrics_samples"]:
+        problems.append(("no_metrics", "the server exported no vllm:* metrics, so its side of the load cannot be "
+                                       "seen (vLLM started with --disable-log-stats exports none)"))
+    elif not seen["samples"]:
+        problems.append(("no_request", "the server saw no request during the soak (check base_url, model and the "
+                                       "load generator's log under bench/)"))
+    else:
+        if seen["generating_samples"] < LOAD_MIN_FRACTION * seen["samples"]:
+            problems.append(("not_generating", f"the server generated tokens in {seen['generating_samples']} of the "
+                                               f"{seen['samples']} samples after the load arrived, fewer than "
+                                               f"{LOAD_MIN_FRACTION:.0%}"))
+        threshold = seen["concurrency_threshold"]
+        if threshold and seen["concurrent_samples"] < LOAD_MIN_FRACTION * max(1, seen["busy_samples"]):
+            problems.append(("concurrency_not_reached",
+                             f"vllm:num_requests_running was at least {threshold} ({CONCURRENCY_FRACTION:.0%} of the "
+                             f"concurrency {seen['concurrency']}) in {seen['concurrent_samples']} of the "
+                             f"{seen['busy_samples']} samples with requests running, fewer than "
+                             f"{LOAD_MIN_FRACTION:.0%} (peak {seen['peak_running']:g}): the server's max-num-seqs "
+                             "or KV cache may be below the load"))
+    completed = sum(int(r.get("completed") or 0) for r in bench_results)
+    return {"delivered": not problems, "cause": problems[0][0] if problems else None,
+            "reason": ("Load not delivered: " + "; ".join(text for _, text in problems) + ".") if problems else None,
+            "runs_completed": len(bench_results), "requests_completed": completed, "failed_runs": failures[-3:],
+            "server": seen}
 
 
 def observed_performance(monitor: Monitor, agg: dict | None, server_tps: float | None) -> tuple[dict, str | None]:
@@ -103,14 +149,12 @@ def observed_performance(monitor: Monitor, agg: dict | None, server_tps: float |
     return observed, source
 
 
-def performance_reasons(monitor: Monitor, performance: dict, *, elapsed_s: float, min_duration_s: float) -> list[str]:
-    """Why a soak that did not break still fails: a metric out of tolerance, too short, no load."""
+def performance_reasons(performance: dict, *, elapsed_s: float, min_duration_s: float) -> list[str]:
+    """Why a soak that did not break and delivered its load still fails: a metric out of
+    tolerance, too short."""
     reasons = [performance_message(key, m) + "." for key, m in performance["metrics"].items() if m["passed"] is False]
     if elapsed_s < min_duration_s:
         reasons.append(f"The soak ran {elapsed_s:.0f} s, less than the minimum of {min_duration_s:.0f} s.")
-    if monitor.samples and monitor.max_in_flight == 0 and monitor.generated_tokens <= 0:
-        reasons.append("The server saw no request during the soak: the load never reached it "
-                       "(check base_url, model and the load generator's log under bench/).")
     return reasons
 
 
@@ -138,17 +182,22 @@ def verdict_notes(proved: dict, performance: dict, throughput: dict, *, baseline
 
 def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_duration_s: float,
             bench_results: list[dict], baseline: dict | None = None, tolerances: dict | None = None,
-            target_mtbf_hours: float | None = None, confidence: float = 0.95, load_error: str | None = None,
+            target_mtbf_hours: float | None = None, confidence: float = 0.95, load_failures: list[dict] = (),
             stopped: str = "completed", shape: dict | None = None, extra: dict | None = None) -> dict:
-    """The soak's verdict: passed, one sentence per reason, performance, and what it proved."""
-    reasons = failure_reasons(monitor, elapsed_s=elapsed_s, stopped=stopped, load_error=load_error)
+    """The soak's verdict: passed, one sentence per reason, performance, the load's proof, and
+    what it proved."""
+    reasons = failure_reasons(monitor, elapsed_s=elapsed_s, stopped=stopped)
+    load = load_proof(monitor, bench_results, list(load_failures))
+    # A crash or wedge explains the rest; metrics incomplete leave the server's side unseen.
+    if not (load["delivered"] or monitor.crashes or monitor.wedges or monitor.metrics_incomplete):
+        reasons.append(load["reason"])
     agg = aggregate_bench(bench_results)
     server_tps = monitor.server_tokens_per_s()
     observed, source = observed_performance(monitor, agg, server_tps)
     performance = judge_performance(observed, baseline, tolerances)
     performance["source"] = source
     if not reasons:
-        reasons = performance_reasons(monitor, performance, elapsed_s=elapsed_s, min_duration_s=min_duration_s)
+        reasons = performance_reasons(performance, elapsed_s=elapsed_s, min_duration_s=min_duration_s)
     passed = not reasons
     # Why it failed, in one word where there is one (crash, wedge, ...), else its first reason.
     failure = None if passed else (monitor.stop_reason or (stopped if stopped != "completed" else None)
@@ -180,7 +229,7 @@ def verdict(monitor: Monitor, *, elapsed_s: float, duration_s: float, min_durati
         "bench_tokens_per_s": throughput["reported"],
         "server_tokens_per_s": server_tps,
         "throughput": throughput,
-        "load": {"shape": shape or {}, "runs": len(bench_results), "aggregate": agg},
+        "load": {"shape": shape or {}, "runs": len(bench_results), "aggregate": agg, "proof": load},
         "proof": proved,
     }
     out.update(extra or {})
@@ -277,6 +326,8 @@ class SoakConfig:
     api_key: str | None = None
     # Who runs the release's `vllm bench serve` (third-party code): never the root that runs the soak.
     run_as: str | None = None
+    # Where each soak gets the bench's own directory (its results, its HOME): outside the release tree.
+    scratch_dir: str = DEFAULT_SCRATCH_DIR
 
     def validate(self) -> None:
         if not self.unit:
@@ -301,6 +352,8 @@ class SoakConfig:
         if self.wedge_window_s < 2 * self.sample_interval_s:
             raise SoakConfigError(f"wedge_window_s ({self.wedge_window_s:g}) must span at least two samples "
                                   f"(2 x sample_interval_s = {2 * self.sample_interval_s:g})")
+        if not os.path.isabs(self.scratch_dir) or os.path.normpath(self.scratch_dir) == "/":
+            raise SoakConfigError(f"scratch_dir must be an absolute path below /, got {self.scratch_dir!r}")
         if not self.base_url.startswith(("http://", "https://")):
             raise SoakConfigError(f"base_url must start with http:// or https://, got {self.base_url!r}")
         if not 0 < self.confidence < 1:
@@ -320,7 +373,7 @@ class SoakConfig:
 
     def monitor_config(self) -> MonitorConfig:
         return MonitorConfig(wedge_window_s=self.wedge_window_s, journal_patterns=tuple(self.journal_patterns),
-                             max_failed_requests=self.max_failed_requests)
+                             max_failed_requests=self.max_failed_requests, concurrency=self.concurrency)
 
 
 class NodeProbe:
@@ -454,28 +507,25 @@ def wait_ready(cfg: SoakConfig, probe: NodeProbe, progress: ProgressWriter, *, c
 
 
 def soak_loop(cfg: SoakConfig, probe: NodeProbe, load: BenchLoad, monitor: Monitor, progress: ProgressWriter,
-              start: float, *, clock, sleep, should_stop) -> tuple[str, str | None, float]:
+              start: float, *, clock, sleep, should_stop) -> tuple[str, float]:
     """Sample and keep the load running until a failure, a stop or ``duration_s``:
-    (how it stopped, the load's error, seconds elapsed)."""
+    (how it stopped, seconds elapsed)."""
     tick = start
     while True:
         elapsed = clock() - start
         monitor.observe(probe.sample(elapsed))
         finished = load.poll()
-        load_error = None
         if finished is not None:
             monitor.add_bench(finished, elapsed)
-        elif not load.running and load.consecutive_errors >= 2:
-            load_error = load.errors[-1]  # twice in a row: not a fluke
         progress.write("soak", elapsed, monitor, load)
         if monitor.failed:
-            return monitor.stop_reason, load_error, elapsed
-        if load_error:
-            return "load_error", load_error, elapsed
+            return monitor.stop_reason, elapsed
+        if not load.running and load.consecutive_errors >= 2:  # twice in a row: not a fluke
+            return "load_error", elapsed
         if should_stop():
-            return "interrupted", None, elapsed
+            return "interrupted", elapsed
         if elapsed >= cfg.duration_s:
-            return "completed", None, elapsed
+            return "completed", elapsed
         if not load.running:
             load.start()
         tick += cfg.sample_interval_s
@@ -515,7 +565,6 @@ def run_record(cfg: SoakConfig, probe: NodeProbe, monitor: Monitor, load: BenchL
             "cpu_probes_s": round(probe.cpu_children_s, 3),
             "cpu_percent_of_one_core": round(100 * (cpu_self + probe.cpu_children_s) / max(elapsed, 1e-9), 2),
         },
-        "load_errors": load.errors[-3:],
     }
 
 
@@ -534,14 +583,20 @@ def run_soak(cfg: SoakConfig, *, probe: NodeProbe | None = None, load: BenchLoad
     progress = ProgressWriter(cfg.state_dir, cfg.duration_s, wall)
     try:
         check_can_start(cfg, probe, load)
-        wait_ready(cfg, probe, progress, clock=clock, sleep=sleep, should_stop=should_stop)
+        # A tokenizer the bench could not read: said before any load, as the cause the bench would give.
+        unreadable = None if load else check_tokenizer(cfg)
         load = load or BenchLoad(cfg, cfg.state_dir)
         monitor = Monitor(cfg.monitor_config())
-        start, start_wall = clock(), wall()
-        probe.start_journal(start_wall)
-        load.start()
-        stopped, load_error, elapsed = soak_loop(cfg, probe, load, monitor, progress, start, clock=clock,
-                                                 sleep=sleep, should_stop=should_stop)
+        if unreadable:
+            load.failures.append({"run": None, "exit_status": None, **unreadable})
+            stopped, elapsed, start_wall = "load_error", 0.0, wall()
+        else:
+            wait_ready(cfg, probe, progress, clock=clock, sleep=sleep, should_stop=should_stop)
+            start, start_wall = clock(), wall()
+            probe.start_journal(start_wall)
+            load.start()
+            stopped, elapsed = soak_loop(cfg, probe, load, monitor, progress, start, clock=clock,
+                                         sleep=sleep, should_stop=should_stop)
         load.stop()
         if monitor.crashes:
             await_crash_evidence(cfg, probe, monitor, clock=clock, sleep=sleep, wall=wall)
@@ -550,14 +605,12 @@ def run_soak(cfg: SoakConfig, *, probe: NodeProbe | None = None, load: BenchLoad
         result = verdict(
             monitor, elapsed_s=elapsed, duration_s=cfg.duration_s, min_duration_s=cfg.min_duration_s,
             bench_results=load.results, baseline=cfg.baseline, tolerances=cfg.tolerances,
-            target_mtbf_hours=cfg.target_mtbf_hours, confidence=cfg.confidence, load_error=load_error,
+            target_mtbf_hours=cfg.target_mtbf_hours, confidence=cfg.confidence, load_failures=load.failures,
             stopped=stopped, shape=cfg.shape, extra=record)
         write_json_atomic(os.path.join(cfg.state_dir, VERDICT_FILE), result)
         progress.write("done", elapsed, monitor, load, {"passed": result["passed"]})
         return result
-    except BaseException:
-        if load is not None:
-            load.stop()
-        raise
     finally:
+        if load is not None:
+            load.close()
         progress.close()

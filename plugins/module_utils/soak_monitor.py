@@ -8,6 +8,7 @@ them on the node.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,6 +28,19 @@ DEFAULT_JOURNAL_PATTERNS = ("illegal memory access", "misaligned address", "Engi
 # The least load, in seconds, whose server-side throughput is judged (a short soak whose load
 # generator started late has only its ramp-up to show).
 MIN_LOAD_S = 5.0
+
+# A soak proves its load by the server's own counters, over the samples from the first one
+# that saw load (requests in flight or tokens generated) to the end:
+# * tokens generated (vllm:generation_tokens_total rose since the sample before) in at least
+#   LOAD_MIN_FRACTION of them. Half, not all: between two load runs the bench starts again
+#   (about 9 s for the real one) and the last requests of a run drain;
+# * the configured concurrency running: vllm:num_requests_running at least
+#   CONCURRENCY_FRACTION of it (rounded up) in at least LOAD_MIN_FRACTION of the samples in
+#   which the server ran any request. 75%, not 100%: a sample can fall between one request
+#   finishing and the next one scheduled, and a long prompt waits for its first chunk of
+#   prefill before it counts as running.
+LOAD_MIN_FRACTION = 0.5
+CONCURRENCY_FRACTION = 0.75
 
 
 def utc_iso(epoch: float) -> str:
@@ -104,6 +118,11 @@ class MonitorConfig:
     journal_patterns: tuple = DEFAULT_JOURNAL_PATTERNS
     max_failed_requests: int = 0
     tokens_window_s: float = 30.0  # tokens/s in progress lines: average over this window
+    concurrency: int | None = None  # the load's clients: judged against vllm:num_requests_running
+
+    @property
+    def concurrency_threshold(self) -> int | None:
+        return math.ceil(CONCURRENCY_FRACTION * self.concurrency) if self.concurrency else None
 
     def compiled_patterns(self) -> list:
         try:
@@ -143,8 +162,6 @@ class Monitor:
         self.events: list[dict] = []
         self.samples = 0
         self.kv_peak: float | None = None
-        self.max_in_flight = 0.0
-        self.generated_tokens = 0.0  # generation tokens over the soak, across process restarts
         self.last: Sample | None = None
         self._ref_pid: int | None = None
         self._ref_restarts: int | None = None
@@ -158,6 +175,14 @@ class Monitor:
         self._tokens_prev: float | None = None
         self._gen_prev: float | None = None
         self._tokens_first: tuple[float, float] | None = None
+        # The load as the server saw it (see LOAD_MIN_FRACTION), from the first sample with load.
+        self.metrics_samples = 0  # samples whose /metrics had the vllm:* series
+        self.load_arrived_s: float | None = None
+        self.load_samples = 0
+        self.generating_samples = 0
+        self.busy_samples = 0  # some request running
+        self.concurrent_samples = 0  # at least the concurrency threshold running
+        self.peak_running = 0.0
 
     # -- state
     @property
@@ -187,12 +212,10 @@ class Monitor:
             self._ref_pid, self._ref_restarts = sample.main_pid, sample.n_restarts
             self._last_progress_t = sample.elapsed_s
         self.samples += 1
-        self._count_tokens(sample)
-        kv, in_flight = sample.metrics.kv_usage, sample.metrics.in_flight
+        self._count_load(sample, self._count_tokens(sample))
+        kv = sample.metrics.kv_usage
         if kv is not None:
             self.kv_peak = kv if self.kv_peak is None else max(self.kv_peak, kv)
-        if in_flight:
-            self.max_in_flight = max(self.max_in_flight, in_flight)
 
         healthy = self._healthy(sample)
         signals = self._crash_signals(sample)
@@ -412,16 +435,44 @@ class Monitor:
         self._flat_in_flight = sample.metrics.in_flight
         self._wedged = False
 
-    def _count_tokens(self, sample: Sample) -> None:
+    def _count_load(self, sample: Sample, generated: float) -> None:
+        metrics = sample.metrics
         if not sample.metrics_ok:
             return
+        self.metrics_samples += 1
+        if self.load_arrived_s is None:
+            if generated <= 0 and not metrics.in_flight:
+                return
+            self.load_arrived_s = sample.elapsed_s
+        self.load_samples += 1
+        self.generating_samples += generated > 0
+        running = metrics.running or 0
+        self.peak_running = max(self.peak_running, running)
+        self.busy_samples += running > 0
+        threshold = self.config.concurrency_threshold
+        self.concurrent_samples += bool(threshold and running >= threshold)
+
+    def load_evidence(self) -> dict:
+        """What the server's counters showed of the load (see LOAD_MIN_FRACTION)."""
+        return {"arrived_elapsed_s": self.load_arrived_s, "metrics_samples": self.metrics_samples,
+                "samples": self.load_samples,
+                "generating_samples": self.generating_samples, "busy_samples": self.busy_samples,
+                "concurrency": self.config.concurrency, "concurrency_threshold": self.config.concurrency_threshold,
+                "concurrent_samples": self.concurrent_samples, "peak_running": self.peak_running,
+                "min_fraction": LOAD_MIN_FRACTION}
+
+    def _count_tokens(self, sample: Sample) -> float:
+        """Counts the sample's tokens; returns the tokens generated since the sample before."""
+        if not sample.metrics_ok:
+            return 0.0
         total = sample.metrics.generation_tokens + (sample.metrics.prompt_tokens or 0)
         if self._tokens_prev is not None and total < self._tokens_prev:  # a new process: counters from 0
             self._tokens_offset += self._tokens_prev
         self._tokens_prev = total
         gen = sample.metrics.generation_tokens
-        if self._gen_prev is not None:
-            self.generated_tokens += gen - self._gen_prev if gen >= self._gen_prev else gen
+        generated = 0.0
+        if self._gen_prev is not None:  # a new process counts from 0 again
+            generated = gen - self._gen_prev if gen >= self._gen_prev else gen
         self._gen_prev = gen
         point = (sample.elapsed_s, self._tokens_offset + total)
         # Throughput counts from the last sample before the counters move: the seconds before
@@ -431,6 +482,7 @@ class Monitor:
         self._window.append(point)
         while len(self._window) > 2 and sample.elapsed_s - self._window[1][0] >= self.config.tokens_window_s:
             self._window.popleft()
+        return generated
 
 
 def without_internal_keys(record: dict) -> dict:

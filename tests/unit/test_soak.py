@@ -23,6 +23,8 @@ from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_progress import EngineMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
+# What the real vllm 0.25.1 `vllm bench serve` wrote and printed, per case (captured: see its README).
+REAL_BENCH = ROOT / "tests" / "fixtures" / "vllm_bench_real"
 STANDIN_METRICS = ROOT / "tests" / "fixtures" / "vllm_standin" / "src" / "vllm" / "metrics.py"
 CUDA_LINE = ("(EngineCore_DP0 pid=412) ERROR 05-12 10:11:12 [core.py:912] torch.AcceleratorError: "
              "CUDA error: an illegal memory access was encountered")
@@ -484,7 +486,10 @@ def test_server_throughput_counts_from_when_the_load_arrives_and_needs_enough_of
     assert late.server_tokens_per_s() is None
     result = soak.verdict(late, elapsed_s=8, duration_s=8, min_duration_s=0, bench_results=[],
                           baseline={"total_token_throughput": 5000})
-    assert result["passed"] and "Not measured, so not judged: total_token_throughput." in result["notes"]
+    # No load run finished: the soak fails for that, not for a throughput read from the ramp-up.
+    assert result["reasons"] == ["Load not delivered: no load run finished within the soak: make the soak outlast "
+                                 "one run (about run_s seconds after the bench starts)."]
+    assert "Not measured, so not judged: total_token_throughput." in result["notes"]
 
 
 def test_a_passing_verdict_says_what_it_proved():
@@ -521,7 +526,7 @@ def test_a_wedged_soak_claims_no_proof():
     assert proved["not_proved"] in result["notes"]
     # Negative control: the same minutes without the wedge are long enough.
     clean = soak.verdict(passing_monitor(600), elapsed_s=30120, duration_s=36000, min_duration_s=1800,
-                         bench_results=[], target_mtbf_hours=1)
+                         bench_results=[real_summary("a_success")], target_mtbf_hours=1)
     assert clean["passed"] and clean["proof"]["long_enough"] is True and "MTBF above" in clean["proof"]["statement"]
 
 
@@ -571,17 +576,21 @@ def test_a_crash_verdict_fails_with_the_evidence():
 
 def test_too_short_slow_or_idle_soaks_fail():
     monitor = passing_monitor(1)
-    short = soak.verdict(monitor, elapsed_s=60, duration_s=60, min_duration_s=600, bench_results=[])
-    assert not short["passed"] and "less than the minimum of 600 s" in short["reasons"][0]
-    slow = soak.verdict(monitor, elapsed_s=60, duration_s=60, min_duration_s=0, bench_results=[],
+    run = real_summary("a_success")  # 256 + 128 tokens in 0.172 s
+    short = soak.verdict(monitor, elapsed_s=60, duration_s=60, min_duration_s=600, bench_results=[run])
+    assert not short["passed"] and short["reasons"] == ["The soak ran 60 s, less than the minimum of 600 s."]
+    slow = soak.verdict(monitor, elapsed_s=60, duration_s=60, min_duration_s=0, bench_results=[run],
                         baseline={"total_token_throughput": 5000})
-    assert not slow["passed"] and slow["performance"]["source"] == "metrics"
-    assert slow["reasons"][0] == "total_token_throughput: 1,100 tokens/s is 78.0% below the baseline 5,000 " \
-                                 "(tolerance 5%)."
+    assert not slow["passed"] and slow["performance"]["source"] == "bench"
+    assert slow["reasons"] == ["total_token_throughput: 2,232 tokens/s is 55.4% below the baseline 5,000 "
+                               "(tolerance 5%)."]
     idle = Monitor()
     feed(idle, [healthy(t, gen=0, prompt=0, running=0) for t in range(0, 20, 2)])
-    verdict = soak.verdict(idle, elapsed_s=20, duration_s=20, min_duration_s=0, bench_results=[])
-    assert not verdict["passed"] and "no request" in verdict["reasons"][0]
+    verdict = soak.verdict(idle, elapsed_s=20, duration_s=20, min_duration_s=0, bench_results=[run])
+    assert not verdict["passed"] and verdict["load"]["proof"]["cause"] == "no_request"
+    assert verdict["reasons"][0].startswith("Load not delivered: the server saw no request during the soak")
+    # Negative control: the same verdicts pass with the minimum met, no baseline and a loaded server.
+    assert soak.verdict(monitor, elapsed_s=60, duration_s=60, min_duration_s=0, bench_results=[run])["passed"]
 
 
 def test_config_validation_says_what_to_change():
@@ -667,7 +676,7 @@ class FakeProbe:
 class FakeLoad:
     def __init__(self, run_s=10):
         self.run_s = run_s
-        self.results, self.errors = [], []
+        self.results, self.failures = [], []
         self.consecutive_errors = 0
         self.started, self.stopped = 0, False
         self._left = None
@@ -696,6 +705,8 @@ class FakeLoad:
         self.stopped = True
         self._left = None
 
+    close = stop
+
 
 def run_fake(tmp_path, probe_kwargs=None, **cfg):
     clock = FakeClock()
@@ -703,7 +714,7 @@ def run_fake(tmp_path, probe_kwargs=None, **cfg):
     load = FakeLoad()
     config = SoakConfig(**{"unit": "vllm@gpu0", "state_dir": str(tmp_path / "soak"), "duration_s": 120,
                            "min_duration_s": 60, "venv": "/v", "sample_interval_s": 2, "wedge_window_s": 10,
-                           **cfg})
+                           "concurrency": 4, **cfg})
     result = soak.run_soak(config, probe=probe, load=load, clock=clock.clock, sleep=clock.sleep, wall=clock.wall)
     progress = [json.loads(line) for line in (tmp_path / "soak" / "progress.jsonl").read_text().splitlines()]
     return result, progress, load, probe, clock
@@ -759,33 +770,40 @@ def test_a_state_dir_is_used_once_and_a_missing_unit_is_named(tmp_path):
                       probe=NoUnit(clock), load=FakeLoad(), clock=clock.clock, sleep=clock.sleep, wall=clock.wall)
 
 
-# ------------------------------------------------------------------ BenchLoad, with a fake `vllm`
+# ------------------------------------------------------------------ BenchLoad, replaying the real bench
 
-FAKE_VLLM = """#!{python}
-import json, os, sys, time
+# A `vllm` that replays one captured case of the real bench (REPLAY_CASE, a directory of
+# tests/fixtures/vllm_bench_real): its output, its result file where it saved one, its exit
+# status. REPLAY_PLANT: instead of a result, plant a symlink to that path (a hostile bench).
+# REPLAY_EXIT: another exit status (composed: no captured case exits non-zero after a run).
+REPLAY_VLLM = """#!{python}
+import json, os, shutil, sys
 args = sys.argv[1:]
 value = lambda flag: args[args.index(flag) + 1]
-if os.environ.get("FAKE_BENCH_FAIL"):
-    print("Initial test run failed", file=sys.stderr)
-    sys.exit(1)
-time.sleep(float(os.environ.get("FAKE_BENCH_SLEEP", "0")))
-n = int(value("--num-prompts"))
-result = {{"duration": 2.0, "completed": n, "failed": 0, "total_input_tokens": n * 100,
-          "total_output_tokens": n * 10, "request_throughput": n / 2.0, "mean_tpot_ms": 20.0,
-          "ttfts": [0.1] * n, "errors": [""] * n,
-          "key_seen": os.environ.get("OPENAI_API_KEY"), "argv_has_key": "sekrit" in " ".join(args)}}
-with open(os.path.join(value("--result-dir"), value("--result-filename")), "w") as out:
-    json.dump(result, out)
+case = os.environ["REPLAY_CASE"]
+with open(os.path.join(case, "run.json")) as handle:
+    run = json.load(handle)
+with open(os.path.join(case, "output.log")) as handle:
+    sys.stdout.write(handle.read())
+result = os.path.join(value("--result-dir"), value("--result-filename"))
+if os.environ.get("REPLAY_PLANT"):
+    os.symlink(os.environ["REPLAY_PLANT"], result)
+elif run["result_saved"]:
+    shutil.copy(os.path.join(case, "result.json"), result)
+with open(os.environ["REPLAY_SEEN"], "w") as handle:
+    json.dump({{"argv": args, "key": os.environ.get("OPENAI_API_KEY"), "cwd": os.getcwd()}}, handle)
+sys.exit(int(os.environ.get("REPLAY_EXIT", run["exit_status"])))
 """
 
 
 @pytest.fixture
-def fake_venv(tmp_path):
+def replay_venv(tmp_path, monkeypatch):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     script = venv / "bin" / "vllm"
-    script.write_text(FAKE_VLLM.format(python=sys.executable))
+    script.write_text(REPLAY_VLLM.format(python=sys.executable))
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("REPLAY_SEEN", str(tmp_path / "seen.json"))
     return venv
 
 
@@ -798,42 +816,316 @@ def wait_poll(load, timeout=10):
         if result is not None or not load.running:
             return result
         time.sleep(0.05)
-    raise AssertionError("the fake bench did not finish")
+    raise AssertionError("the replayed bench did not finish")
 
 
-def test_bench_load_runs_saves_summaries_and_keeps_the_key_out_of_argv(tmp_path, fake_venv):
-    cfg = SoakConfig(unit="u", state_dir=str(tmp_path / "s"), duration_s=10, venv=str(fake_venv), concurrency=4,
-                     input_len=100, output_len=10, run_s=10, api_key="sekrit")
-    load = soak_bench.BenchLoad(cfg, cfg.state_dir)
+def replay(tmp_path, venv, monkeypatch, case, **cfg):
+    """One BenchLoad run of a captured case, configured as the role configures the soak."""
+    monkeypatch.setenv("REPLAY_CASE", str(REAL_BENCH / case))
+    config = SoakConfig(**{"unit": "vllm@gpu0", "state_dir": str(tmp_path / "s"), "duration_s": 10,
+                           "venv": str(venv), "concurrency": 4, "input_len": 32, "output_len": 16,
+                           "model": "/models/qwen3.6-35b-a3b-fp8", "served_model_name": "qwen-test",
+                           "api_key": "sekrit", "scratch_dir": str(tmp_path / "scratch"), **cfg})
+    load = soak_bench.BenchLoad(config, config.state_dir)
     load.start()
-    first = wait_poll(load)
-    assert first["completed"] == 8  # two waves of 4
-    load.start()
-    second = wait_poll(load)
-    assert second["completed"] == 40  # sized from the first run: 4 req/s x 10 s
+    return load, wait_poll(load)
+
+
+def loaded_monitor(concurrency=4, running=4):
+    """A server that ran `running` requests and generated tokens at every sample for two minutes."""
+    monitor = Monitor(MonitorConfig(wedge_window_s=10, concurrency=concurrency))
+    feed(monitor, [healthy(t, running=running) for t in range(0, 121, 2)])
+    return monitor
+
+
+def idle_monitor(concurrency=4):
+    monitor = Monitor(MonitorConfig(wedge_window_s=10, concurrency=concurrency))
+    feed(monitor, [healthy(t, gen=0, prompt=0, running=0) for t in range(0, 21, 2)])
+    return monitor
+
+
+def real_summary(case):
+    return soak_bench.bench_summary(json.loads((REAL_BENCH / case / "result.json").read_text()))
+
+
+@pytest.mark.parametrize("case", ["a_success", "b_save_detailed"])
+def test_a_real_bench_run_is_read_kept_and_passes_the_gate(tmp_path, replay_venv, monkeypatch, case):
+    load, summary = replay(tmp_path, replay_venv, monkeypatch, case)
+    assert load.failures == [] and load.results == [summary]
+    assert (summary["completed"], summary["failed"], summary["run"]) == (8, 0, "run-001")
+    assert summary["total_token_throughput"] > 0 and summary["p99_itl_ms"] > 0
     saved = json.loads((tmp_path / "s" / "bench" / "run-001.json").read_text())
-    assert "ttfts" not in saved and saved["completed"] == 8
-    assert not (tmp_path / "s" / "bench" / "run-001.raw.json").exists()
-    assert [r["completed"] for r in load.results] == [8, 40]
+    assert saved == summary and not {"ttfts", "itls", "generated_texts", "errors", "start_times"} & set(saved)
+    assert "Serving Benchmark Result" in (tmp_path / "s" / "bench" / "run-001.log").read_text()
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    # The bench saved into the scratch directory, not the soak's state_dir; the key only in its env.
+    assert seen["argv"][seen["argv"].index("--result-dir") + 1] == load.scratch == seen["cwd"]
+    assert os.path.dirname(load.scratch) == str(tmp_path / "scratch") and "--save-detailed" not in seen["argv"]
+    assert seen["key"] == "sekrit" and "sekrit" not in json.dumps(seen["argv"])
+    assert os.listdir(load.scratch) == []  # the raw result was read and removed
+    result = soak.verdict(loaded_monitor(), elapsed_s=120, duration_s=120, min_duration_s=60,
+                          bench_results=load.results, load_failures=load.failures)
+    assert result["passed"], result["reasons"]
+    assert result["load"]["runs"] == 1 and result["bench_tokens_per_s"] == summary["total_token_throughput"]
+    assert result["load"]["proof"]["delivered"] and result["load"]["proof"]["requests_completed"] == 8
+    scratch = load.scratch
+    load.close()
+    assert not os.path.exists(scratch)
 
 
-def test_bench_load_failures_and_stop(tmp_path, fake_venv, monkeypatch):
-    cfg = SoakConfig(unit="u", state_dir=str(tmp_path / "s"), duration_s=10, venv=str(fake_venv))
-    monkeypatch.setenv("FAKE_BENCH_FAIL", "1")
-    load = soak_bench.BenchLoad(cfg, cfg.state_dir)
+# case, cause, what the gate's reason says (after "Load not delivered: no load run completed a request (1 run(s)
+# failed); ")
+CAUSES = [
+    ("c_wrong_api_key", "unauthorized", "unauthorised: the server refused the load generator's API key (401 "
+                                        "Unauthorized)"),
+    ("c_wrong_api_key_detailed", "unauthorized", "unauthorised: "),
+    ("d_wrong_model", "wrong_model", "wrong model name: the server does not serve the model name the load generator "
+                                     "asked for (qwen-test; 404 Not Found)"),
+    ("d_wrong_model_detailed", "wrong_model", "wrong model name: "),
+    ("e_no_tokenizer", "no_tokenizer", "no tokenizer: the load generator could not load its tokenizer "
+                                       "(/models/qwen3.6-35b-a3b-fp8)"),
+    ("e_unreadable_tokenizer", "no_tokenizer", "no tokenizer: "),
+    ("f_nothing_listening", "could_not_connect", "could not connect: the load generator could not connect to "
+                                                 "http://127.0.0.1:8000"),
+    ("f_nothing_listening_detailed", "could_not_connect", "could not connect: "),
+]
+# What each case's message quotes of the real output.
+EVIDENCE = {"unauthorized": "(8 request(s) failed: 8 x Unauthorized)", "wrong_model": "8 x Not Found",
+            "could_not_connect": "8 x aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host",
+            "no_tokenizer": "vllm bench serve exited 1 and it saved no result: "}
+
+
+@pytest.mark.parametrize("case, cause, words", CAUSES)
+def test_each_cause_of_no_load_is_read_from_the_real_bench_and_fails_the_gate(tmp_path, replay_venv, monkeypatch,
+                                                                             case, cause, words):
+    load, summary = replay(tmp_path, replay_venv, monkeypatch, case)
+    assert summary is None and load.results == [] and load.consecutive_errors == 1
+    [failure] = load.failures
+    assert (failure["run"], failure["cause"]) == ("run-001", cause)
+    assert failure["message"].startswith(words) and EVIDENCE[cause] in failure["message"], failure["message"]
+    result = soak.verdict(idle_monitor(), elapsed_s=20, duration_s=120, min_duration_s=10, bench_results=load.results,
+                          load_failures=load.failures, stopped="load_error")
+    assert result["passed"] is False and result["load"]["runs"] == 0 and result["bench_tokens_per_s"] is None
+    assert result["reasons"][0].startswith("Load not delivered: no load run completed a request (1 run(s) failed); "
+                                           + words)
+    assert result["summary"].startswith("Soak failed after 20.0 s: Load not delivered: ")
+    assert result["load"]["proof"]["cause"] == cause and result["load"]["proof"]["failed_runs"] == load.failures
+
+
+def test_the_tail_of_the_log_names_an_unknown_cause(tmp_path, replay_venv, monkeypatch):
+    """Composed from a captured case: a_success's output and result with exit status 1."""
+    monkeypatch.setenv("REPLAY_EXIT", "1")
+    load, summary = replay(tmp_path, replay_venv, monkeypatch, "a_success", num_prompts=8)
+    assert summary is None
+    [failure] = load.failures
+    assert failure["cause"] == "unknown"
+    assert failure["message"].startswith("cause unknown: vllm bench serve exited 1 after 8 completed and 0 failed; "
+                                         "last output: ---------------Inter-token Latency----------------")
+    assert failure["message"].endswith("P99 ITL (ms):                            7.07 | " + "=" * 50)
+
+
+def test_a_result_planted_as_a_symlink_is_refused_and_never_followed(tmp_path, replay_venv, monkeypatch):
+    """The bench (as the probe user) leaves a symlink where its result belongs, pointing at a
+    root-only file: root neither reads nor keeps what it points at, and removes only the link."""
+    secret = tmp_path / "root-only.json"
+    secret.write_text(json.dumps({"completed": 987654, "duration": 1.0, "total_input_tokens": 1, "token": "s3cr3t"}))
+    secret.chmod(0o600)
+    monkeypatch.setenv("REPLAY_PLANT", str(secret))
+    load, summary = replay(tmp_path, replay_venv, monkeypatch, "a_success")
+    assert summary is None and load.results == []
+    [failure] = load.failures
+    assert "run-001.raw.json is a symbolic link: refused, not followed" in failure["message"]
+    kept = json.dumps(load.failures) + "".join(p.read_text() for p in (tmp_path / "s" / "bench").iterdir())
+    assert "s3cr3t" not in kept and "987654" not in kept
+    assert json.loads(secret.read_text())["token"] == "s3cr3t"  # the target is untouched
+    assert os.listdir(load.scratch) == []  # the link itself is gone
+    # Negative control: the same file, not a link, is read.
+    (tmp_path / "plain.json").write_text(secret.read_text())
+    assert soak_bench.read_result(str(tmp_path / "plain.json"))[0]["token"] == "s3cr3t"
+
+
+def test_untrusted_files_are_read_only_as_one_small_regular_file(tmp_path):
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    assert soak_bench.read_result(str(fifo)) == (None, f"{fifo} is not a regular file: refused")  # and no hang
+    (tmp_path / "shadow").write_text("{}")
+    os.link(tmp_path / "shadow", tmp_path / "hard.json")
+    assert soak_bench.read_result(str(tmp_path / "hard.json"))[1].endswith("has 2 links: refused (a hard link to "
+                                                                          "another file)")
+    (tmp_path / "big.json").write_bytes(b" " * (soak_bench.RESULT_MAX_BYTES + 1) + b"{}")
+    assert "more than the 1048576 a result may be" in soak_bench.read_result(str(tmp_path / "big.json"))[1]
+    assert soak_bench.read_result(str(tmp_path / "none.json")) == (None, "it saved no result")
+    # A log is read by its tail, under the same rules.
+    (tmp_path / "log").write_bytes(b"x" * 100 + b"tail")
+    assert soak_bench.read_untrusted(str(tmp_path / "log"), 4, tail=True) == b"tail"
+    (tmp_path / "log-link").symlink_to(tmp_path / "log")
+    with pytest.raises(soak_bench.RefusedFile, match="symbolic link"):
+        soak_bench.read_untrusted(str(tmp_path / "log-link"), 4, tail=True)
+
+
+def test_the_scratch_directory_is_new_private_and_the_probe_users(tmp_path, monkeypatch):
+    chowned = []
+    monkeypatch.setattr(soak_bench.os, "chown", lambda path, uid, gid: chowned.append((path, uid, gid)))
+    parent = tmp_path / "run" / "vllm-fleet-soak"
+    first = soak_bench.make_scratch(str(parent), "20261207T180000Z-gpu0", {"user": 4242, "group": 4343})
+    second = soak_bench.make_scratch(str(parent), "20261207T180000Z-gpu0", {})
+    assert first != second and os.path.dirname(first) == str(parent)
+    assert os.path.basename(first).startswith("20261207T180000Z-gpu0-")
+    assert stat.S_IMODE(os.stat(first).st_mode) == 0o700 and stat.S_IMODE(os.stat(parent).st_mode) == 0o711
+    assert chowned == [(first, 4242, 4343)]
+    # A parent someone else could swap the directory in is refused.
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SoakConfigError, match="not a symlink and not writable by group or others"):
+        soak_bench.make_scratch(str(tmp_path / "link"), "x", {})
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    with pytest.raises(SoakConfigError, match="scratch_dir .*/open must be a directory"):
+        soak_bench.make_scratch(str(tmp_path / "open"), "x", {})
+
+
+def test_the_bench_runs_as_the_probe_user_with_its_own_home(tmp_path, monkeypatch):
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils import identity
+
+    monkeypatch.setattr(identity.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(identity.pwd, "getpwnam", lambda name: identity.pwd.struct_passwd(
+        ("prober", "x", 4242, 4343, "", "/nonexistent", "/usr/sbin/nologin")))
+    monkeypatch.setattr(soak_bench.os, "chown", lambda path, uid, gid: None)
+    monkeypatch.setattr(soak_bench.os, "lstat", lambda path: os.stat_result((0o40711, 0, 0, 2, 0, 0, 0, 0, 0, 0)))
+    started = []
+
+    def popen(cmd, **kwargs):
+        started.append(kwargs)
+        return subprocess.Popen(["true"])
+
+    cfg = SoakConfig(unit="u", state_dir=str(tmp_path / "s"), duration_s=10, venv="/x", run_as="prober",
+                     scratch_dir=str(tmp_path / "scratch"))
+    load = soak_bench.BenchLoad(cfg, cfg.state_dir, popen=popen)
     load.start()
-    assert wait_poll(load) is None
-    assert load.consecutive_errors == 1 and "Initial test run failed" in load.errors[0]
-    monkeypatch.delenv("FAKE_BENCH_FAIL")
-    monkeypatch.setenv("FAKE_BENCH_SLEEP", "30")
-    load.start()
-    assert load.running
-    load.stop()
-    assert not load.running
-    missing = soak_bench.BenchLoad(SoakConfig(unit="u", state_dir=str(tmp_path / "m"), duration_s=1,
-                                        venv=str(tmp_path / "nope")), str(tmp_path / "m"))
-    missing.start()
-    assert "cannot start" in missing.errors[0] and not missing.running
+    kwargs = started[0]
+    assert (kwargs["user"], kwargs["group"], kwargs["extra_groups"]) == (4242, 4343, [])
+    assert kwargs["env"]["HOME"] == kwargs["cwd"] == load.scratch  # not root's HOME
+    # the log is root's own, in the soak's state_dir, opened before the bench ran
+    assert os.path.exists(tmp_path / "s" / "bench" / "run-001.log")
+    load.close()
+
+
+def test_the_tokenizer_is_checked_as_the_probe_user_before_any_load(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append(kwargs)
+        return subprocess.run(cmd, **kwargs)
+
+    def check(**cfg):
+        return soak_bench.check_tokenizer(SoakConfig(unit="u", state_dir="/s", duration_s=1, venv="/v", **cfg), run)
+
+    assert check(model=str(model)) is None
+    assert check(model=str(tmp_path / "nope")) == {
+        "cause": "no_tokenizer",
+        "message": f"no tokenizer: the load generator (vllm bench serve) loads its tokenizer from {tmp_path}/nope "
+                   f"and the soak's user cannot read it (reading {tmp_path}/nope as the soak's user failed (exit "
+                   f"status 1): FileNotFoundError: [Errno 2] No such file or directory: '{tmp_path}/nope'): make it "
+                   "readable by the soak's user, or name a readable tokenizer directory (tokenizer)"}
+    (model / "tokenizer.json").unlink()
+    assert "no tokenizer file (tokenizer.json, tokenizer_config.json" in check(model=str(model))["message"]
+    (model / "tokenizer.json").write_text("{}")
+    (model / "tokenizer.json").chmod(0)
+    if os.geteuid() != 0:  # root reads a file of mode 0 anyway
+        assert "Permission denied" in check(model=str(model))["message"]
+    # --tokenizer wins over the model path; a hub name or no model is not a local path to check
+    assert check(model=str(tmp_path / "nope"), tokenizer=str(model)) is None
+    assert check(model="Qwen/Qwen3.6-35B-A3B") is None and check() is None
+    assert calls and not any("user" in kwargs for kwargs in calls)  # no run_as: as the soak's own user
+
+
+def test_the_tokenizer_check_runs_as_the_probe_user(tmp_path, monkeypatch):
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils import identity
+
+    monkeypatch.setattr(identity.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(identity.pwd, "getpwnam", lambda name: identity.pwd.struct_passwd(
+        ("prober", "x", 4242, 4343, "", "/nonexistent", "/usr/sbin/nologin")))
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append({k: kwargs.pop(k) for k in ("user", "group", "extra_groups")})
+        return subprocess.CompletedProcess(cmd, 1, "", "PermissionError: [Errno 13] Permission denied: '/models/m'")
+
+    cfg = SoakConfig(unit="u", state_dir="/s", duration_s=1, venv="/v", model="/models/m", run_as="prober")
+    assert soak_bench.check_tokenizer(cfg, run)["message"] == (
+        "no tokenizer: the load generator (vllm bench serve) loads its tokenizer from /models/m and user prober "
+        "cannot read it (reading /models/m as user prober failed (exit status 1): PermissionError: [Errno 13] "
+        "Permission denied: '/models/m'): make it readable by user prober, or name a readable tokenizer directory "
+        "(tokenizer)")
+    assert calls == [{"user": 4242, "group": 4343, "extra_groups": []}]
+
+
+def test_a_tokenizer_the_probe_user_cannot_read_fails_the_soak_before_any_load(tmp_path, replay_venv, monkeypatch):
+    monkeypatch.setenv("REPLAY_CASE", str(REAL_BENCH / "a_success"))
+
+    def soak_with(model, run):
+        clock = FakeClock()
+        config = SoakConfig(unit="vllm@gpu0", state_dir=str(tmp_path / run), duration_s=4, venv=str(replay_venv),
+                            model=model, concurrency=4, scratch_dir=str(tmp_path / "scratch"))
+        return soak.run_soak(config, probe=FakeProbe(clock), clock=clock.clock, sleep=clock.sleep, wall=clock.wall)
+
+    result = soak_with(str(tmp_path / "missing-model"), "refused")
+    assert result["passed"] is False and result["stopped"] == "load_error" and result["duration_s"] == 0
+    assert result["reasons"] == [
+        f"Load not delivered: no tokenizer: the load generator (vllm bench serve) loads its tokenizer from "
+        f"{tmp_path}/missing-model and the soak's user cannot read it (reading {tmp_path}/missing-model as the "
+        f"soak's user failed (exit status 1): FileNotFoundError: [Errno 2] No such file or directory: "
+        f"'{tmp_path}/missing-model'): make it readable by the soak's user, or name a readable tokenizer directory "
+        "(tokenizer)."]
+    assert result["load"]["proof"]["cause"] == "no_tokenizer" and result["monitor"]["samples"] == 0
+    assert not (tmp_path / "refused" / "bench").exists() and not (tmp_path / "seen.json").exists()  # no bench ran
+    # Negative control: with a tokenizer it can read, the soak loads the server.
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text("{}")
+    loaded = soak_with(str(model), "loaded")
+    assert loaded["monitor"]["samples"] > 0 and (tmp_path / "loaded" / "bench" / "run-001.log").exists()
+    assert loaded["load"]["proof"]["cause"] != "no_tokenizer"
+
+
+def test_the_servers_counters_must_show_the_load(tmp_path):
+    """Runs completed, yet the server's counters tell whether the soak loaded it as configured."""
+    run = [real_summary("a_success")]
+
+    def judge(monitor):
+        return soak.verdict(monitor, elapsed_s=120, duration_s=120, min_duration_s=60, bench_results=run)
+
+    good = judge(loaded_monitor(concurrency=32, running=24))  # 75% of 32, rounded up
+    assert good["passed"] and good["load"]["proof"]["server"]["concurrent_samples"] == 61
+    low = judge(loaded_monitor(concurrency=32, running=23))
+    assert low["load"]["proof"]["cause"] == "concurrency_not_reached"
+    assert low["reasons"] == [
+        "Load not delivered: vllm:num_requests_running was at least 24 (75% of the concurrency 32) in 0 of the 61 "
+        "samples with requests running, fewer than 50% (peak 23): the server's max-num-seqs or KV cache may be "
+        "below the load."]
+    # Tokens generated in fewer than half of the samples after the load arrived (every third here).
+    sparse = Monitor(MonitorConfig(wedge_window_s=1000, concurrency=4))
+    feed(sparse, [healthy(t, gen=(t // 6) * 100) for t in range(0, 121, 2)])
+    slow = judge(sparse)
+    assert slow["load"]["proof"]["cause"] == "not_generating"
+    assert "the server generated tokens in 20 of the 61 samples after the load arrived, fewer than 50%" in \
+        slow["reasons"][0]
+    # The load arrives late (the bench starting): the seconds before it are not counted.
+    late = Monitor(MonitorConfig(wedge_window_s=10, concurrency=4))
+    feed(late, [healthy(t, gen=0, prompt=0, running=0) for t in range(0, 30, 2)]
+         + [healthy(t, gen=(t - 28) * 100) for t in range(30, 121, 2)])
+    assert judge(late)["passed"] and judge(late)["load"]["proof"]["server"]["arrived_elapsed_s"] == 30
+    # No vllm:* series at all (a server started with --disable-log-stats): the load cannot be seen.
+    blind = Monitor(MonitorConfig(wedge_window_s=10, concurrency=4))
+    feed(blind, [Sample.from_observations(t, health=200, metrics_text="process_start_time_seconds 1\n")
+                 for t in range(0, 121, 2)])
+    assert blind.stop_reason is None  # nothing read: not "incomplete"
+    assert judge(blind)["load"]["proof"]["cause"] == "no_metrics"
+    assert "the server exported no vllm:* metrics" in judge(blind)["reasons"][0]
 
 
 # ------------------------------------------------------------------ the thin modules, through Ansible
