@@ -1,7 +1,7 @@
 """Model weights as a managed artifact (issue 13, item 2) on a simulated canary, from a site
 mirror that is a real HTTP server on this host (the nodes share its loopback): a profile with
 `weights` is staged in the parallel pre-stage, verified per file against the mirror's
-SHA256SUMS (written by the real `sha256sum`), and served from `<root>/models/<name>@<revision>`;
+SHA256SUMS (written by the real `sha256sum`, with each file's size from the real `stat`), and served from `<root>/models/<name>@<revision>`;
 an unused staged model is pruned. A corrupt file, a missing revision and a model missing at
 the drain each stop the run before the node leaves traffic, the node still serving.
 
@@ -38,16 +38,19 @@ def weights(revision: str) -> dict:
 
 def make_model(directory, seed: int) -> None:
     """config.json, tokenizer.json and model.safetensors (2 MiB of float32), then SHA256SUMS
-    as the real sha256sum writes it."""
+    as the real sha256sum writes it, each file's size appended by the real stat (as
+    roles/vllm_model/README.md tells operators to make it)."""
     directory.mkdir(parents=True)
     (directory / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"], "seed": seed}))
     (directory / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE"}}))
     data = os.urandom(2 * 2**20)
     header = json.dumps({"w": {"dtype": "F32", "shape": [len(data) // 4], "data_offsets": [0, len(data)]}}).encode()
     (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + data)
-    sums = subprocess.run(["sha256sum", "config.json", "tokenizer.json", "model.safetensors"], cwd=directory,
-                          check=True, capture_output=True, text=True).stdout
-    (directory / "SHA256SUMS").write_text(sums)
+    names = ["config.json", "tokenizer.json", "model.safetensors"]
+    sums = subprocess.run(["sha256sum", *names], cwd=directory, check=True, capture_output=True, text=True).stdout
+    sizes = subprocess.run(["stat", "-c", "# size %s  %n", *names], cwd=directory, check=True,
+                           capture_output=True, text=True).stdout
+    (directory / "SHA256SUMS").write_text(sums + sizes)
 
 
 class Mirror:
@@ -91,10 +94,11 @@ def mirror(fleet):
     served.server.server_close()
 
 
-def rollout(fleet, mirror, profile_, *args):
-    """The canary alone (node01): what the model does to one turn."""
+def rollout(fleet, mirror, profile_, *args, allow_http=True):
+    """The canary alone (node01): what the model does to one turn. The test's mirror is plain
+    http on loopback: opted in explicitly, as a site would have to."""
     return play(fleet, "rollout.yml", "--limit", "canary", *args, profile_=profile_,
-                vllm_fleet_model_mirror=mirror.url, **TURN)
+                vllm_fleet_model_mirror=mirror.url, vllm_fleet_model_allow_http=allow_http, **TURN)
 
 
 def served_config(fleet) -> str:
@@ -119,7 +123,7 @@ def test_a_profile_with_weights_is_staged_while_the_node_serves_and_then_served_
     # The bytes on the node are the mirror's, and the marker records each file's sha256.
     sums = (fleet.directory / "mirror" / NAME / "r1" / "SHA256SUMS").read_text()
     node_exec(fleet, "node01", f"cat > /tmp/SHA256SUMS <<'EOF'\n{sums}EOF")
-    assert node_exec(fleet, "node01", f"cd {path} && sha256sum -c /tmp/SHA256SUMS") == \
+    assert node_exec(fleet, "node01", f"cd {path} && sha256sum -c --strict /tmp/SHA256SUMS") == \
         "config.json: OK\ntokenizer.json: OK\nmodel.safetensors: OK"
     marker = json.loads(node_exec(fleet, "node01", f"cat {path}/vllm-fleet-model.json"))
     assert marker["source"] == f"{mirror.url}/{NAME}/r1" and len(marker["files"]) == 3
@@ -159,5 +163,17 @@ def test_a_model_missing_at_the_drain_stops_the_turn_with_the_node_serving(fleet
     assert f"the model {NAME}@r4 is not ready on this node: {MODELS}/{NAME}@r4 is not staged" in run.output, \
         run.output[-4000:]
     assert "Drain the node in the load balancer" not in run.output
+    assert state(fleet, "node01") == before
+    assert served_config(fleet) == f'model: "{MODELS}/{NAME}@r1"'
+
+
+def test_a_plain_http_mirror_without_the_opt_in_stops_the_run_before_the_drain(fleet, mirror):
+    before = state(fleet, "node01")
+    mirror.gets.clear()
+    run = rollout(fleet, mirror, weights("r4"), allow_http=False)
+    assert run.rc != 0
+    assert (f"vllm_fleet_model_mirror: {mirror.url} is plain http" in run.output
+            and "vllm_fleet_model_allow_http: true" in run.output), run.output[-4000:]
+    assert "Drain the node in the load balancer" not in run.output and mirror.gets == []
     assert state(fleet, "node01") == before
     assert served_config(fleet) == f'model: "{MODELS}/{NAME}@r1"'

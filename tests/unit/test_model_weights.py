@@ -736,6 +736,15 @@ VVV_PLAY = """- hosts: all
         - name: Note the refusal
           ansible.builtin.set_fact:
             refused: "{{ ansible_failed_result.msg }}"
+    - name: Stage from the Hub with a token, through the role
+      ansible.builtin.import_role:
+        name: vllm_fleet.fleet.vllm_model
+      vars:
+        vllm_fleet_profile: {weights: {name: h, revision: "COMMIT", hub_repo: org/m}}
+        vllm_fleet_model_hub_endpoint: "{{ hub_url }}"
+        vllm_fleet_model_hub_token_file: "{{ hub_token_path }}"
+        vllm_fleet_model_prune: false
+      when: hub_url is defined
 
 - hosts: all
   gather_facts: false
@@ -754,13 +763,19 @@ VVV_PLAY = """- hosts: all
 def test_mirror_credentials_reach_no_output_at_vvv_nor_any_job_event(tmp_path, models_dir, mirror, monkeypatch):
     """The role at -vvv through the product's own ansible-runner call: the password is in no
     line of the output and no job event, the staging succeeded with it and a failure's message
-    names the URL without it. The last task is the negative control: the module given the URL
+    names the URL without it; so for the Hub's token (as root, where the token file can be
+    root's). The last task is the negative control: the module given the URL
     whole and failing its argument check echoes its arguments, password included, as the old
     role's task did in every result - the search finds it there, so it can fail."""
     import vllm_fleet.runner as runner
 
     make_model(mirror, shard_bytes=4096)
-    (tmp_path / "play.yml").write_text(VVV_PLAY)
+    (tmp_path / "play.yml").write_text(VVV_PLAY.replace("COMMIT", COMMIT))
+    hub_vars = {}
+    if AS_ROOT and HF_CONSTANTS is not None:
+        hub = FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS, token=TOKEN).__enter__()
+        hub_vars = {"hub_url": hub.url, "hub_token_path": token_file(tmp_path, TOKEN + "\n", 0o600)}
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     (tmp_path / "hosts.yml").write_text(f"all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
                                         f"      ansible_python_interpreter: {sys.executable}\n"
                                         "      vllm_fleet_profile: {weights: {name: m, revision: r1}}\n")
@@ -770,10 +785,15 @@ def test_mirror_credentials_reach_no_output_at_vvv_nor_any_job_event(tmp_path, m
     with http_mirror(mirror, credentials=f"fleet:{SECRET}") as (url, seen):
         extravars = {"vllm_fleet_model_mirror": url.replace("http://", f"http://fleet:{SECRET}@"),
                      "vllm_fleet_model_allow_http": True, "vllm_fleet_model_reserve_gib": 0,
-                     "vllm_fleet_models_dir": str(models_dir), "vllm_fleet_config_dir": str(tmp_path / "etc")}
-        result = runner.run(runner.RunRequest(
-            project_dir=ROOT, playbook=tmp_path / "play.yml", inventories=[tmp_path / "hosts.yml"],
-            private_data_dir=tmp_path / "run", ident="vvv", extravars=extravars), on_event=events.append)
+                     "vllm_fleet_models_dir": str(models_dir), "vllm_fleet_config_dir": str(tmp_path / "etc"),
+                     **hub_vars}
+        try:
+            result = runner.run(runner.RunRequest(
+                project_dir=ROOT, playbook=tmp_path / "play.yml", inventories=[tmp_path / "hosts.yml"],
+                private_data_dir=tmp_path / "run", ident="vvv", extravars=extravars), on_event=events.append)
+        finally:
+            if hub_vars:
+                hub.__exit__(None, None, None)
     stdout = (result.artifact_dir / "stdout").read_text()
     assert result.rc == 0, stdout[-3000:]
     assert "ESTABLISH LOCAL CONNECTION" in stdout  # -vvv
@@ -781,6 +801,10 @@ def test_mirror_credentials_reach_no_output_at_vvv_nor_any_job_event(tmp_path, m
     assert {header for _, _, header in seen if header} == {"Basic " + base64.b64encode(f"fleet:{SECRET}".encode()).decode()}
     refused = [e for e in events if e.get("event") == "runner_on_ok" and e["event_data"].get("task") == "Note the refusal"]
     assert refused and f"the mirror answered 404 File not found for {url}/m/r9/SHA256SUMS" in json.dumps(refused)
+    if hub_vars:
+        assert check(str(models_dir), "h", COMMIT, rehash=True)["verified"] is True
+        assert hub.requests and all(headers.get("Authorization") == f"Bearer {TOKEN}" for _, _, headers in hub.requests)
+        assert TOKEN not in stdout and all(TOKEN not in json.dumps(e) for e in events)
 
     control = [e for e in events if "CONTROL" in json.dumps(e.get("event_data", {}).get("task", ""))]
     assert SECRET in json.dumps(control)  # negative control: the search finds a leak
@@ -1000,3 +1024,149 @@ def test_a_redirect_within_the_origin_is_followed_with_the_credentials(models_di
     assert_staged(models_dir, "m", "r1", files)
     assert len(seen) == 2 * 5 and {header for _, _, header in seen} == {
         "Basic " + base64.b64encode(b"fleet:secret").decode()}
+
+
+# --- a hostile directory mirror, the marker, a pinned SHA256SUMS, plain http -----------------
+
+
+@pytest.mark.parametrize("link", ["file", "subdir", "revision", "sums"])
+def test_a_directory_mirrors_symbolic_links_are_refused(tmp_path, models_dir, mirror, link):
+    secret = tmp_path / "root-only"
+    (secret / "sub").mkdir(parents=True)
+    (secret / "sub" / "x.json").write_bytes(b'{"x": 1}\n')
+    (secret / "config.json").write_bytes(b"root only\n")
+    files = make_model(mirror, shard_bytes=16)
+    rev = mirror / "m" / "r1"
+    where = {"file": rev / "config.json", "subdir": rev / "sub", "revision": rev, "sums": rev / "SHA256SUMS"}[link]
+    if link == "revision":
+        shutil.move(str(rev), str(secret / "r1"))
+        os.symlink(secret / "r1", rev)
+    elif link == "subdir":
+        shutil.rmtree(rev / "sub")
+        os.symlink(secret / "sub", rev / "sub")  # same bytes, so only the link can be refused
+    else:
+        os.replace(where, secret / where.name) if link == "sums" else where.unlink()
+        if link == "file":
+            (secret / "config.json").write_bytes(files["config.json"])
+        os.symlink(secret / where.name, where)
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert str(err.value) == (f"{where} is a symbolic link: a directory mirror's links are refused (root would"
+                              " follow them anywhere on the node); put the file itself in the mirror")
+    assert_nothing_left(models_dir)
+
+
+def test_negative_control_the_old_path_followed_a_mirrors_link(tmp_path, mirror):
+    """The old local read, open(<mirror>/<name>/<revision>/<file>): a link planted by whoever
+    writes the mirror was followed (here to a root-only file)."""
+    secret = tmp_path / "root-only"
+    secret.write_bytes(b"root only\n")
+    os.chmod(secret, 0o600)
+    make_model(mirror, shard_bytes=16)
+    (mirror / "m" / "r1" / "config.json").unlink()
+    os.symlink(secret, mirror / "m" / "r1" / "config.json")
+    with open(os.path.join(str(mirror / "m" / "r1"), "config.json"), "rb") as handle:
+        assert handle.read() == b"root only\n"
+
+
+def test_a_fifo_in_a_directory_mirror_is_refused_without_hanging(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    (mirror / "m" / "r1" / "config.json").unlink()
+    os.mkfifo(mirror / "m" / "r1" / "config.json")
+    with pytest.raises(WeightsError, match=r"config.json is not a regular file"):
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert_nothing_left(models_dir)
+
+
+@pytest.mark.parametrize("line", [f"{'a' * 64}  {MARKER}", f"# size 3  {MARKER}"])
+def test_the_markers_name_cannot_be_listed(line):
+    with pytest.raises(WeightsError) as err:
+        parse_sums(f"{line}\n", "SHA256SUMS")
+    assert str(err.value) == (f"SHA256SUMS line 1: {MARKER} is the name of vllm-fleet's own marker (written last,"
+                              " it says a model is complete): a model cannot list a file of that name")
+
+
+def test_a_model_listing_the_marker_is_not_staged(models_dir, mirror):
+    """The marker listed (and served) by the mirror: staging it would put the mirror's own marker
+    in place of the one written last."""
+    make_model(mirror, shard_bytes=16)
+    rev = mirror / "m" / "r1"
+    (rev / MARKER).write_text('{"files": {}}')
+    sums = subprocess.run(["sha256sum", MARKER], cwd=rev, check=True, capture_output=True, text=True).stdout
+    (rev / "SHA256SUMS").write_text(sums + (rev / "SHA256SUMS").read_text() + f"# size 13  {MARKER}\n")
+    with pytest.raises(WeightsError, match=f"line 1: {MARKER} is the name of vllm-fleet's own marker"):
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert_nothing_left(models_dir)
+
+
+def test_a_pinned_sha256sums_digest_is_checked_before_any_download(models_dir, mirror):
+    files = make_model(mirror, shard_bytes=16)
+    sums = mirror / "m" / "r1" / "SHA256SUMS"
+    pinned = subprocess.run(["sha256sum", str(sums)], check=True, capture_output=True, text=True).stdout.split()[0]
+    # The mirror swaps the model: other bytes, and a SHA256SUMS that matches them.
+    make_model(mirror, "m", "swapped", shard_bytes=16)
+    shutil.rmtree(mirror / "m" / "r1")
+    os.rename(mirror / "m" / "swapped", mirror / "m" / "r1")
+    swapped = hashlib.sha256(sums.read_bytes()).hexdigest()
+    with http_mirror(mirror) as (url, seen):
+        with pytest.raises(WeightsError) as err:
+            run(params(models_dir=str(models_dir), name="m", revision="r1", mirror=url, allow_http=True,
+                       sha256sums_digest=pinned), check_mode=False)
+        assert [path for _, path, _ in seen] == ["/m/r1/SHA256SUMS"]  # nothing else was asked for
+    assert str(err.value) == (f"{url}/m/r1/SHA256SUMS has sha256 {swapped}, the profile pins {pinned}"
+                              " (profile.weights.sha256sums_digest): the mirror's model is not the one the profile"
+                              " was tested with; nothing was downloaded")
+    assert_nothing_left(models_dir)
+    # Negative control: without the pin the swapped model is staged (its own hashes agree).
+    result = run(params(models_dir=str(models_dir), name="m", revision="r1", mirror=str(mirror)), check_mode=False)
+    assert result["changed"] is True and (models_dir / "m@r1" / "config.json").read_bytes() == files["config.json"]
+    assert (models_dir / "m@r1" / SHARD).read_bytes() != files[SHARD]
+    # and with the right pin the right model is.
+    shutil.rmtree(models_dir / "m@r1")
+    make_model(mirror, "m", "r2", shard_bytes=16)
+    right = hashlib.sha256((mirror / "m" / "r2" / "SHA256SUMS").read_bytes()).hexdigest()
+    assert run(params(models_dir=str(models_dir), name="m", revision="r2", mirror=str(mirror),
+                      sha256sums_digest=right), check_mode=False)["changed"] is True
+
+
+@pytest.mark.parametrize("weights, words", [
+    ({"name": "m", "revision": "r1", "sha256sums_digest": "A" * 64}, ["sha256sums_digest: 'AAAA", "64 lower-case hex"]),
+    ({"name": "m", "revision": "r1", "sha256sums_digest": 12}, ["sha256sums_digest: '12'"]),
+    ({"name": "m", "revision": COMMIT, "hub_repo": "org/m", "sha256sums_digest": "a" * 64},
+     ["sha256sums_digest pins a mirror's SHA256SUMS", "remove one of the two"]),
+])
+def test_check_model_refuses_a_bad_pin(weights, words):
+    with pytest.raises(WeightsError) as err:
+        check_model(weights)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_plain_http_needs_the_opt_in(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    with http_mirror(mirror) as (url, seen):
+        with pytest.raises(WeightsError) as err:
+            run(params(models_dir=str(models_dir), name="m", revision="r1",
+                       mirror=url.replace("http://", "http://fleet:secret@")), check_mode=False)
+        assert seen == []
+        # negative control: with the opt-in the same mirror is read
+        assert run(params(models_dir=str(models_dir), name="m", revision="r1", mirror=url, allow_http=True),
+                   check_mode=False)["changed"] is True
+    assert str(err.value) == (f"vllm_fleet_model_mirror: {url} is plain http: anyone on the way can read its"
+                              " credentials and change the files it serves. Use https, or set"
+                              " vllm_fleet_model_allow_http: true to accept that")
+
+
+@pytest.mark.parametrize("endpoint, words", [
+    ("http://hub.example.internal", ["vllm_fleet_model_hub_endpoint: http://hub.example.internal is plain http",
+                                     "vllm_fleet_model_allow_http: true"]),
+    ("https://user:hubpass@hub.example.internal", ["'https://hub.example.internal' is not an http(s):// URL without"
+                                                   " credentials", "vllm_fleet_model_hub_token_file"]),
+    ("ftp://hub.example.internal", ["'ftp://hub.example.internal' is not an http(s):// URL"]),
+])
+def test_a_hub_endpoint_must_be_https_without_credentials(endpoint, words):
+    with pytest.raises(WeightsError) as err:
+        HubSource("org/m", COMMIT, endpoint=endpoint)
+    for word in words:
+        assert word in str(err.value)
+    assert "hubpass" not in str(err.value)
