@@ -364,7 +364,8 @@ class BenchLoad:
         identity = as_user(self.cfg.run_as)  # checked by SoakConfig.validate
         if self.scratch is None:
             os.makedirs(self.dir, mode=0o750, exist_ok=True)
-            self.scratch = make_scratch(self.cfg.scratch_dir, os.path.basename(os.path.dirname(self.dir)), identity)
+            self.scratch = make_scratch(self.cfg.scratch_dir, os.path.basename(os.path.normpath(self.cfg.state_dir)),
+                                        identity)
         self.index += 1
         name = self._current = f"run-{self.index:03d}"
         n = self.cfg.num_prompts or next_num_prompts(

@@ -31,6 +31,24 @@ description:
   - "Metrics incomplete: C(/metrics) answers without C(vllm:num_requests_running),
     C(vllm:num_requests_waiting) or C(vllm:generation_tokens_total): the soak fails with
     'metrics incomplete: <names>' (a wedge cannot be told from idle), as the watchdog says."
+  - "Load not delivered: the soak proves its load from both sides. The load runs must complete
+    requests, and the server's own counters must show it, over the samples from the first that saw
+    load to the end: tokens generated (C(vllm:generation_tokens_total) rising) in at least half of
+    them, and C(vllm:num_requests_running) at least 75% of O(concurrency) (rounded up) in at least
+    half of those with requests running. Otherwise the soak fails with 'Load not delivered: ...',
+    naming the cause read from the bench's output: C(no_tokenizer) (missing, or not readable by
+    O(run_as)), C(unauthorized) (a wrong O(api_key)), C(wrong_model) (a name the server does not
+    serve), C(could_not_connect), C(unknown) (the log's last lines quoted); or the server side:
+    C(no_run_finished), C(no_request), C(no_metrics), C(not_generating),
+    C(concurrency_not_reached)."
+  - "Before any load, O(run_as) must be able to read the tokenizer directory (O(tokenizer), else
+    O(model) when it is a path): else the soak fails at once with the no_tokenizer cause."
+  - "The bench (third-party code, as O(run_as)) saves its results in a directory of its own under
+    O(scratch_dir), made for this soak, mode 0700. The module reads each result back without
+    trusting it (a symlink is refused, never followed; only a regular file of one link and at most
+    1 MiB) and keeps the summary, and each run's log, in O(state_dir)C(/bench). Without
+    C(--save-detailed) the real bench's result has no per-request errors: they are read from its
+    log. The scratch directory is removed at the end."
   - Performance of the finished load runs against O(baseline) within O(tolerances); the
     KV cache peak from C(vllm:kv_cache_usage_perc).
   - "Writes C(progress.jsonl) (one line per sample) and C(verdict.json) (once, at the end)
@@ -61,7 +79,9 @@ options:
     description: Passed to C(vllm bench serve --served-model-name) when the server serves another name.
     type: str
   tokenizer:
-    description: Passed to C(vllm bench serve --tokenizer).
+    description:
+      - Passed to C(vllm bench serve --tokenizer), a local directory O(run_as) can read. Omitted, the bench
+        loads its tokenizer from O(model). Checked as O(run_as) before any load when it is a path.
     type: str
   duration_s:
     description: How long to soak, in seconds, unless a crash or wedge ends it earlier.
@@ -74,7 +94,10 @@ options:
     type: float
     default: 0
   concurrency:
-    description: Concurrent clients (C(--max-concurrency)). The reference load is 32.
+    description:
+      - Concurrent clients (C(--max-concurrency)). The reference load is 32.
+      - The server must show at least 75% of it running (C(vllm:num_requests_running)) in at least half of the
+        samples with requests running, else the load was not delivered.
     type: int
     default: 32
   input_len:
@@ -169,12 +192,20 @@ options:
     description:
       - Run the load generator (the release's C(vllm bench serve), third-party code) as this user, with its own
         group and no other, instead of as the user that runs the module (root). It must exist and be able to read
-        the release and the model's tokenizer; C(<state_dir>/bench) is given to it for the results.
+        the release and the model's tokenizer. It gets a directory of its own under O(scratch_dir) for its results
+        and as its C(HOME).
     type: str
+  scratch_dir:
+    description:
+      - A directory of root's, outside any release, under which each soak gets the bench's own directory (new,
+        mode 0700, O(run_as)'s). Made mode 0711 when missing; one that is a symlink, not root's or writable by
+        group or others fails the task. The default is on tmpfs.
+    type: path
+    default: /run/vllm-fleet-soak
   state_dir:
     description:
       - Where the soak writes C(progress.jsonl), C(verdict.json) and C(bench/) (each load
-        run's summary and log), for example C(<release>/soak/<run>). Created if missing;
+        run's summary and log, root's), for example C(<release>/soak/<run>). Created if missing;
         one that already holds a soak's files fails the task.
     type: path
     required: true
@@ -266,7 +297,9 @@ soak:
       type: list
       elements: str
     stopped:
-      description: V(completed), V(crash), V(wedge), V(metrics_incomplete), V(failed_requests), V(load_error) or V(interrupted).
+      description:
+        - V(completed), V(crash), V(wedge), V(metrics_incomplete), V(failed_requests), V(load_error) (two load runs
+          in a row completed no request, or the tokenizer check failed) or V(interrupted).
       type: str
     duration_s:
       description: Seconds the soak ran (until the last sample).
@@ -325,6 +358,26 @@ soak:
         long_enough: false
         required_minutes: 1438
         remaining_minutes: 1378
+    load:
+      description:
+        - The load. C(shape) (concurrency, input and output lengths); C(runs), the load runs that completed
+          requests; C(aggregate), their numbers together (null when none).
+        - C(proof), whether the load was delivered. C(delivered), C(cause) (the first thing missing, see the
+          description), C(reason) (the sentence in RV(soak.reasons)), C(runs_completed), C(requests_completed),
+          C(failed_runs) (the last three runs that completed nothing, each C(run), C(exit_status), C(cause),
+          C(message)) and C(server) (what the counters showed, C(arrived_elapsed_s), C(samples),
+          C(generating_samples), C(busy_samples), C(concurrency_threshold), C(concurrent_samples),
+          C(peak_running)).
+      type: dict
+      sample:
+        runs: 0
+        proof:
+          delivered: false
+          cause: unauthorized
+          reason: "Load not delivered: no load run completed a request (2 run(s) failed); unauthorised: the server
+            refused the load generator's API key (401 Unauthorized): give the soak the key the server was started
+            with (api_key) (8 request(s) failed: 8 x Unauthorized); the server saw no request during the soak
+            (check base_url, model and the load generator's log under bench/)."
     monitor:
       description: Samples taken, interval, and the monitor's own CPU use.
       type: dict
@@ -334,13 +387,18 @@ soak:
       returned: check mode
 """
 
+import os
 import signal
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import SoakConfig, SoakError, run_soak
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_bench import bench_command, next_num_prompts
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_bench import (
+    DEFAULT_SCRATCH_DIR,
+    bench_command,
+    next_num_prompts,
+)
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_monitor import DEFAULT_JOURNAL_PATTERNS
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import SoakConfigError
 
@@ -372,6 +430,7 @@ OPTIONS = dict(
     journal_patterns=dict(type="list", elements="str", default=list(DEFAULT_JOURNAL_PATTERNS)),
     api_key=dict(type="str", no_log=True),
     run_as=dict(type="str"),
+    scratch_dir=dict(type="path", default=DEFAULT_SCRATCH_DIR),
     state_dir=dict(type="path", required=True),
     fail_on_verdict=dict(type="bool", default=True),
 )
@@ -387,15 +446,17 @@ def main():
         module.fail_json(msg=f"soak: {exc}")
 
     if module.check_mode:
+        scratch = f"{cfg.scratch_dir}/{os.path.basename(os.path.normpath(cfg.state_dir))}-XXXXXXXX"
         n = cfg.num_prompts or next_num_prompts(concurrency=cfg.concurrency, input_len=cfg.input_len,
                                                 output_len=cfg.output_len, run_s=cfg.run_s, baseline=cfg.baseline)
         plan = {
             "unit": cfg.unit,
             "base_url": cfg.base_url,
             "duration_s": cfg.duration_s,
-            "load_command": bench_command(cfg, n, 1, f"{cfg.state_dir}/bench", "run-001.raw.json"),
+            "load_command": bench_command(cfg, n, 1, scratch, "run-001.raw.json"),
             "state_dir": cfg.state_dir,
-            "files": [f"{cfg.state_dir}/progress.jsonl", f"{cfg.state_dir}/verdict.json", f"{cfg.state_dir}/bench/"],
+            "files": [f"{cfg.state_dir}/progress.jsonl", f"{cfg.state_dir}/verdict.json", f"{cfg.state_dir}/bench/",
+                      f"{scratch}/ (removed at the end)"],
         }
         module.exit_json(changed=False, soak={"plan": plan},
                          msg=f"check mode: would soak {cfg.unit} for {cfg.duration_s:g} s; no load was run")

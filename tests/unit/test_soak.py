@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -990,8 +991,13 @@ def test_the_bench_runs_as_the_probe_user_with_its_own_home(tmp_path, monkeypatc
     monkeypatch.setattr(identity.os, "geteuid", lambda: 0)
     monkeypatch.setattr(identity.pwd, "getpwnam", lambda name: identity.pwd.struct_passwd(
         ("prober", "x", 4242, 4343, "", "/nonexistent", "/usr/sbin/nologin")))
-    monkeypatch.setattr(soak_bench.os, "chown", lambda path, uid, gid: None)
-    monkeypatch.setattr(soak_bench.os, "lstat", lambda path: os.stat_result((0o40711, 0, 0, 2, 0, 0, 0, 0, 0, 0)))
+    made = []
+
+    def make_scratch(parent, name, identity):  # (tested above) as a real root would, chown and all
+        made.append((parent, name, identity))
+        return tempfile.mkdtemp(dir=tmp_path)
+
+    monkeypatch.setattr(soak_bench, "make_scratch", make_scratch)
     started = []
 
     def popen(cmd, **kwargs):
@@ -1003,6 +1009,7 @@ def test_the_bench_runs_as_the_probe_user_with_its_own_home(tmp_path, monkeypatc
     load = soak_bench.BenchLoad(cfg, cfg.state_dir, popen=popen)
     load.start()
     kwargs = started[0]
+    assert made == [(str(tmp_path / "scratch"), "s", {"user": 4242, "group": 4343, "extra_groups": []})]
     assert (kwargs["user"], kwargs["group"], kwargs["extra_groups"]) == (4242, 4343, [])
     assert kwargs["env"]["HOME"] == kwargs["cwd"] == load.scratch  # not root's HOME
     # the log is root's own, in the soak's state_dir, opened before the bench ran
