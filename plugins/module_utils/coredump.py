@@ -40,7 +40,12 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
+import signal
+import struct
+import subprocess
+import tempfile
 from typing import Any
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.known_issues import match_kernel
@@ -69,10 +74,13 @@ EXCEPTION_CODES = {
 }
 
 # A GPU core dump is an ELF file with OS/ABI ELFOSABI_CUDA and machine EM_CUDA
-# (cudacoredump.h in the CUDA toolkit's extras/Debugger/include).
+# (cudacoredump.h in the CUDA toolkit's extras/Debugger/include): ELF64, little-endian,
+# type ET_CORE, a 64-byte header (what `readelf -h` shows of one).
 ELF_MAGIC = b"\x7fELF"
 ELFOSABI_CUDA = 0x33
+ELFOSABI_CUDA_V2 = 0x29  # LLVM's ELF.h names both
 EM_CUDA = 0xBE
+ELFCLASS64, ELFDATA2LSB, EV_CURRENT, ET_CORE, ELF64_EHSIZE = 2, 1, 1, 4, 64
 GZIP_MAGIC = b"\x1f\x8b"
 # What the module asks cuda-gdb after loading the dump; see cuda_gdb_command.
 CUDA_GDB_COMMANDS = ("bt", "x/i $errorpc", "x/i $pc")
@@ -521,6 +529,96 @@ def detect_format(head: bytes) -> str:
             "neither a GPU core dump (an ELF file with OS/ABI 0x33) nor a saved cuda-gdb output (text): "
             "the file is binary data of another kind, or garbled") from None
     return "cuda_gdb_output"
+
+
+def core_header_problem(head: bytes) -> str | None:
+    """Why the file whose first 64 bytes are head is not a GPU core dump, or None. Checked
+    before cuda-gdb sees it: a file the serving user wrote is not parsed by a debugger on the
+    controller unless it has the header a dump has."""
+    if len(head) < ELF64_EHSIZE:
+        return f"{len(head)} bytes, shorter than the 64-byte ELF64 header a GPU core dump begins with"
+    if not head.startswith(ELF_MAGIC):
+        return "not an ELF file (a GPU core dump begins with \\x7fELF)"
+    e_type, e_machine, e_version = struct.unpack_from("<HHI", head, 16)
+    (e_ehsize,) = struct.unpack_from("<H", head, 52)
+    wrong = [f"{name} {got:#x} (a dump has {want:#x})" for name, got, want in (
+        ("class", head[4], ELFCLASS64), ("data encoding", head[5], ELFDATA2LSB), ("ident version", head[6], EV_CURRENT),
+        ("type", e_type, ET_CORE), ("machine", e_machine, EM_CUDA), ("version", e_version, EV_CURRENT),
+        ("header size", e_ehsize, ELF64_EHSIZE)) if got != want]
+    if head[7] not in (ELFOSABI_CUDA, ELFOSABI_CUDA_V2):
+        wrong.insert(0, f"OS/ABI {head[7]:#x} (a dump has {ELFOSABI_CUDA:#x})")
+    return "an ELF file, but not a GPU core dump: " + ", ".join(wrong) if wrong else None
+
+
+# cuda-gdb parses a file the serving user wrote, on the controller (the host that holds root
+# SSH to the fleet): it runs with a private environment (nothing of the controller's: no SSH
+# agent, no vault or cloud credentials), a private working directory, limits on CPU time,
+# memory and file size, no core file, in its own process group, and as the dump file's owner
+# when the module runs as root. A network namespace needs root or unprivileged user
+# namespaces, which not every controller has: not used.
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+SANDBOX_MEMORY = 4 << 30  # for cuda-gdb itself, beside twice the dump it maps
+SANDBOX_OUTPUT = 16 << 20  # a triage prints a few KiB
+SANDBOX_OPEN_FILES = 256
+
+
+def sandbox_env(cuda_gdb: str, home: str) -> dict:
+    return {"PATH": f"{os.path.dirname(cuda_gdb)}{os.pathsep}{SANDBOX_PATH}", "HOME": home, "TMPDIR": home,
+            "LC_ALL": "C", "LANG": "C"}
+
+
+def sandbox_limits(cpu_seconds: int, dump_bytes: int) -> list:
+    """(resource, limit) pairs: CPU seconds, address space, the size of any file written,
+    no core file, open files."""
+    return [(resource.RLIMIT_CPU, max(1, int(cpu_seconds))), (resource.RLIMIT_AS, SANDBOX_MEMORY + 2 * dump_bytes),
+            (resource.RLIMIT_FSIZE, SANDBOX_OUTPUT), (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_NOFILE, SANDBOX_OPEN_FILES)]
+
+
+def _enter_sandbox(limits: list, owner: tuple[int, int] | None):
+    def enter():  # in the child, before exec
+        os.umask(0o077)
+        for which, value in limits:
+            hard = resource.getrlimit(which)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (value, value))
+        if owner is not None:
+            os.setgroups([])
+            os.setgid(owner[1])
+            os.setuid(owner[0])
+    return enter
+
+
+def run_sandboxed(argv: list[str], dump_path: str, timeout: int) -> tuple[int, bytes]:
+    """Run cuda-gdb (argv) on dump_path in the sandbox above; (exit status, output, at most
+    SANDBOX_OUTPUT bytes: stdout and stderr together). Raises subprocess.TimeoutExpired
+    after timeout seconds (the whole process group killed) and OSError when it cannot start."""
+    st = os.stat(dump_path)
+    owner = (st.st_uid, st.st_gid) if os.geteuid() == 0 and st.st_uid != 0 else None
+    with tempfile.TemporaryDirectory(prefix="coredump-triage-") as home:
+        if owner is not None:
+            os.chown(home, *owner)
+        out_path = os.path.join(home, "cuda-gdb.out")
+        with open(out_path, "wb") as out:
+            if owner is not None:
+                os.fchown(out.fileno(), *owner)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=home, env=sandbox_env(argv[0], home), close_fds=True,
+                                    start_new_session=True,
+                                    preexec_fn=_enter_sandbox(sandbox_limits(timeout, st.st_size), owner))
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # what it left running
+                except ProcessLookupError:
+                    pass
+        with open(out_path, "rb") as out:
+            return rc, out.read(SANDBOX_OUTPUT)
 
 
 def find_cuda_gdb(explicit: str | None = None, path: str | None = None,

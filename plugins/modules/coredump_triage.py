@@ -17,6 +17,15 @@ description:
   - For a dump it runs C(cuda-gdb -nx -batch -ex "target cudacore FILE" -ex bt -ex "x/i $errorpc"
     -ex "x/i $pc"). A warp error is reported after the warp moved on, so the faulting
     instruction is the one at C($errorpc) (marked C(*>)), not at C($pc) (C(=>)).
+  - Before that, the file must have the ELF header of a GPU core dump (ELF64, little-endian,
+    OS/ABI C(0x33), type C(ET_CORE), machine C(EM_CUDA), a 64-byte header); any other file fails
+    the task and C(cuda-gdb) never sees it.
+  - C(cuda-gdb) runs sandboxed, since the dump was written by the serving user: a private
+    environment (C(PATH), C(HOME), C(LC_ALL) only, none of the controller's credentials), a
+    private working directory, limits on CPU time (O(timeout)), memory (4 GiB beside twice the
+    dump), file size and open files, no core file, its own process group (killed whole on
+    timeout), and as the dump file's owner when the module runs as root and the file is not
+    root's. No network namespace (that needs root or unprivileged user namespaces).
   - Matches the kernel against the C(kernel_patterns) of the known-issues catalogue and returns
     the entry (id, title, symptom, evidence, fix), or RV(coredump.matched=null) and a message
     saying the kernel is unknown and where to add a pattern.
@@ -56,7 +65,7 @@ options:
     required: true
   timeout:
     description:
-      - Seconds C(cuda-gdb) may take to load the dump and answer.
+      - Seconds C(cuda-gdb) may take to load the dump and answer (wall clock, and its CPU time limit).
     type: int
     default: 600
 requirements:
@@ -217,12 +226,15 @@ else:
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.coredump import (
     DEFAULT_CUDA_GDB_DIRS,
+    ELF64_EHSIZE,
     CoreDumpFormatError,
     CoreDumpParseError,
+    core_header_problem,
     cuda_gdb_command,
     detect_format,
     find_cuda_gdb,
     parse_cuda_gdb,
+    run_sandboxed,
     triage,
 )
 
@@ -246,6 +258,11 @@ def _read(module, path, size=None):
 
 
 def _run_cuda_gdb(module, path):
+    problem = core_header_problem(_read(module, path, ELF64_EHSIZE))
+    if problem:
+        module.fail_json(msg=f"coredump_triage: {path} is not a CUDA GPU core dump ({problem}): cuda-gdb was not "
+                             "run on it. GPU core dumps are the ELF files the CUDA driver writes where "
+                             "CUDA_COREDUMP_FILE says; a saved cuda-gdb output needs format cuda_gdb_output")
     explicit = module.params["cuda_gdb"]
     cuda_gdb = find_cuda_gdb(explicit)
     if cuda_gdb is None:
@@ -258,14 +275,13 @@ def _run_cuda_gdb(module, path):
             "elsewhere and pass its saved output with format: cuda_gdb_output"))
     command = cuda_gdb_command(cuda_gdb, path)
     try:
-        proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              timeout=module.params["timeout"], check=False)
+        rc, output = run_sandboxed(command, path, module.params["timeout"])
     except subprocess.TimeoutExpired:
         module.fail_json(msg=f"coredump_triage: {cuda_gdb} did not finish reading {path} in "
                              f"{module.params['timeout']} s (raise timeout for a large dump)", command=command)
     except OSError as exc:
         module.fail_json(msg=f"coredump_triage: cannot run {cuda_gdb}: {exc.strerror}", command=command)
-    return cuda_gdb, command, proc.returncode, proc.stdout.decode("utf-8", errors="replace")
+    return cuda_gdb, command, rc, output.decode("utf-8", errors="replace")
 
 
 def main():
