@@ -199,6 +199,11 @@ def diagnose(log: str, *, rc: int | None, result: dict | None, result_problem: s
     evidence = errors[0] if found else None
     if found is None:
         found = next((cause for cause, pattern in _LOG_CAUSES if pattern.search(log)), None)
+        # The exception that ended the bench names the tokenizer's path (a repo id it is not, a file of
+        # it that could not be read), whatever function raised it.
+        path = tokenizer_path(cfg)
+        if found is None and result is None and path and path in last_line(log, None):
+            found = "no_tokenizer"
         evidence = last_line(log) if found else None
     if found is None:
         return {"cause": "unknown", "message": f"{_CAUSE_WORDS['unknown']}: {what}; last output: {log_tail(log)}"}

@@ -925,6 +925,22 @@ def test_the_tail_of_the_log_names_an_unknown_cause(tmp_path, replay_venv, monke
     assert failure["message"].endswith("P99 ITL (ms):                            7.07 | " + "=" * 50)
 
 
+def test_a_missing_tokenizer_is_named_by_its_path_in_the_last_line_too():
+    """Composed from e_no_tokenizer: only its last line, the exception naming the path (a bench whose
+    traceback passes no get_tokenizer frame, as the stand-in's)."""
+    last = (REAL_BENCH / "e_no_tokenizer" / "output.log").read_text().strip().splitlines()[-1]
+    model = json.loads((REAL_BENCH / "e_no_tokenizer" / "run.json").read_text())["argv"][-3]
+    assert model in last and "get_tokenizer" not in last
+
+    def cause(model_path):
+        cfg = SoakConfig(unit="u", state_dir="/s", duration_s=1, venv="/v", model=model_path)
+        return soak_bench.diagnose(f"Traceback (most recent call last):\n{last}\n", rc=1, result=None,
+                                   result_problem="it saved no result", cfg=cfg)["cause"]
+
+    assert cause(model) == "no_tokenizer"
+    assert cause("/models/another") == "unknown"  # negative control: not the soak's tokenizer
+
+
 def test_a_result_planted_as_a_symlink_is_refused_and_never_followed(tmp_path, replay_venv, monkeypatch):
     """The bench (as the probe user) leaves a symlink where its result belongs, pointing at a
     root-only file: root neither reads nor keeps what it points at, and removes only the link."""
