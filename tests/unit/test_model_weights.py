@@ -95,6 +95,21 @@ def params(**values) -> dict:
 
 
 @contextmanager
+def serving(handler_class):
+    """A ThreadingHTTPServer on 127.0.0.1 with handler_class; yields its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@contextmanager
 def http_mirror(root, *, credentials=None):
     """SimpleHTTPRequestHandler serving root on 127.0.0.1; yields (url, requests seen).
     With credentials ("user:pass") it answers 401 unless the Basic header carries them."""
@@ -126,16 +141,8 @@ def http_mirror(root, *, credentials=None):
             if self._allowed():
                 super().do_HEAD()
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as url:
+        yield url, seen
 
 
 def free_port() -> int:
@@ -841,16 +848,8 @@ def scripted_server(answer):
             seen.append(("HEAD", self.path, self.headers.get("Authorization")))
             answer(self)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as url:
+        yield url, seen
 
 
 def sums_for(files: dict) -> bytes:
