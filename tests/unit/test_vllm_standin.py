@@ -13,10 +13,12 @@ import ctypes.util
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -196,15 +198,30 @@ def _stream(node: Node, payload: dict, path="/v1/completions", on_event=None) ->
     return events
 
 
-def _bench(node: Node, tmp_path: Path, *args: str, env=None, timeout=30) -> tuple[dict, str]:
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """A model directory holding only the small tokenizer `vllm bench serve` loads."""
+    from tests.fixtures.vllm_standin.tokenizer import write_tokenizer
+
+    directory = tmp_path_factory.mktemp("model") / "qwen3.6-35b-a3b-fp8"
+    write_tokenizer(str(directory))
+    return directory
+
+
+def _run_bench(url: str, tmp_path: Path, *args: str, env=None, timeout=30) -> tuple[subprocess.CompletedProcess, Path]:
     out_dir = tmp_path / f"bench-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "vllm.cli", "bench", "serve", "--backend", "vllm", "--base-url", node.url,
+    cmd = [sys.executable, "-m", "vllm.cli", "bench", "serve", "--backend", "vllm", "--base-url", url,
            "--dataset-name", "random", "--ignore-eos", "--save-result", "--result-dir", str(out_dir),
            "--result-filename", "result.json", *args]
     run = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(SRC), **(env or {})}, capture_output=True,
                          text=True, timeout=timeout)
+    return run, out_dir / "result.json"
+
+
+def _bench(node: Node, tmp_path: Path, tokenizer: Path, *args: str, env=None, timeout=30) -> tuple[dict, str]:
+    run, result = _run_bench(node.url, tmp_path, "--tokenizer", str(tokenizer), *args, env=env, timeout=timeout)
     assert run.returncode == 0, run.stderr
-    return json.loads((out_dir / "result.json").read_text()), run.stdout
+    return json.loads(result.read_text()), run.stdout
 
 
 # ---------------------------------------------------------------- in-process pieces
@@ -326,29 +343,26 @@ def test_fault_counts_batches_only(standin):
         engine.step(13)
 
 
-@pytest.mark.parametrize("capability, cudnn, kv, graphs, tp, expected", [
-    ((12, 0), 91900, "fp8", True, 1, "stochastic"),
-    ((12, 1), 92300, "fp8", True, 1, "stochastic"),
-    ((12, 0), 92301, "fp8", True, 1, None),  # fixed in 9.23.1
-    ((12, 0), 91900, "fp8", False, 1, None),  # eager hides it
-    ((12, 0), 91900, "fp8", True, 2, None),  # TP=1 only
-    ((10, 0), 91900, "fp8", True, 1, None),  # datacenter Blackwell is fine
-    ((12, 0), 92400, "nvfp4", True, 1, "first_batch"),
-    ((12, 0), 92400, "nvfp4", False, 1, "first_batch"),
-    ((9, 0), 91900, "nvfp4", True, 1, None),
+@pytest.mark.parametrize("capability, cudnn, graphs, tp, expected", [
+    ((12, 0), 91900, True, 1, "stochastic"),
+    ((12, 1), 92300, True, 1, "stochastic"),
+    ((12, 0), 92301, True, 1, None),  # fixed in 9.23.1
+    ((12, 0), 91900, False, 1, None),  # eager hides it
+    ((12, 0), 91900, True, 2, None),  # TP=1 only
+    ((10, 0), 91900, True, 1, None),  # datacenter Blackwell is fine
 ])
-def test_fault_rule(standin, capability, cudnn, kv, graphs, tp, expected):
-    rule = standin.device.fault_rule(capability, cudnn, kv_cache_dtype=kv, cuda_graphs=graphs,
-                                     tensor_parallel_size=tp)
-    assert rule == expected
+def test_fault_rule(standin, capability, cudnn, graphs, tp, expected):
+    assert standin.device.fault_rule(capability, cudnn, cuda_graphs=graphs, tensor_parallel_size=tp) == expected
 
 
-def test_config_file_booleans_and_overrides(standin, tmp_path):
+def test_config_file_as_the_real_parser_reads_it(standin, tmp_path):
+    """vllm/utils/argparse_utils.py: `--config FILE` only, config args right after `serve
+    [MODEL]` (the command line wins), true -> flag, false -> dropped, list -> values."""
     config = tmp_path / "serve.yaml"
     config.write_text(
         "model: /models/from-file-nvfp4\n"
         "max-num-seqs: 64\n"
-        "enable-prefix-caching: false\n"  # silently dropped: prefix caching stays on
+        "enable-prefix-caching: false\n"  # silently dropped: the engine's default stays
         "enable-chunked-prefill: true\n"
         "enforce-eager: true\n"
         "kv-cache-dtype: fp8\n"
@@ -357,23 +371,58 @@ def test_config_file_booleans_and_overrides(standin, tmp_path):
     args = standin.cli.parse_args(["serve", "--config", str(config), "--max-num-seqs", "8", "--max_model_len", "128k"])
     assert args.model == "/models/from-file-nvfp4"
     assert args.max_num_seqs == 8  # the command line wins
-    assert args.enable_prefix_caching is True
+    assert args.enable_prefix_caching is None and args.enable_chunked_prefill is True
     assert args.enforce_eager is True
     assert args.served_model_name == ["qwen", "qwen-alias"]
     assert args.gpu_memory_utilization == 0.95
     assert args.max_model_len == 128000
-    assert "enforce_eager" in args.non_default and "port" not in args.non_default
+    assert "enforce_eager" in args.non_default and "port" not in args.non_default and "config" not in args.non_default
 
     config.write_text("no-enable-prefix-caching: true\nenforce-eager: false\n")
-    args = standin.cli.parse_args(["serve", "/models/positional", f"--config={config}"])
-    assert args.enable_prefix_caching is False
-    assert args.enforce_eager is False
-    assert args.model == "/models/positional"
+    args = standin.cli.parse_args(["serve", "/models/positional", "--config", str(config)])
+    assert (args.enable_prefix_caching, args.enforce_eager, args.model) == (False, False, "/models/positional")
+
+    # `--config=FILE` is not the config form: argparse stores the name and nothing is read,
+    # so the default model would be served (the real parser does the same).
+    config.write_text("model: /models/from-file-nvfp4\nmax-num-seqs: 64\n")
+    args = standin.cli.parse_args(["serve", f"--config={config}"])
+    assert (args.model, args.max_num_seqs) == ("Qwen/Qwen3-0.6B", None)
+    assert args.non_default == {"config": str(config)}
 
     config.write_text("no-such-flag: 1\n")
     with pytest.raises(SystemExit) as exited:
         standin.cli.parse_args(["serve", "m", "--config", str(config)])
     assert exited.value.code == 2
+    config.write_text("api-key: [-starts-with-a-dash]\n")  # each item is an argv word
+    with pytest.raises(SystemExit) as exited:
+        standin.cli.parse_args(["serve", "m", "--config", str(config)])
+    assert exited.value.code == 2
+    json_config = tmp_path / "serve.json"
+    json_config.write_text("{}")
+    with pytest.raises(ValueError, match="Config file must be of a yaml/yml type. json supplied"):
+        standin.cli.parse_args(["serve", "m", "--config", str(json_config)])
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--max-model-len", "1.5K"], "Decimals are not allowed with binary suffixes like K"),
+    (["--disable-log-requests"], "unrecognized arguments: --disable-log-requests"),
+    (["--swap-space", "4"], "unrecognized arguments: --swap-space"),
+    (["--moe-backend", "marlin"], "argument --moe-backend: invalid choice: 'marlin'"),
+    (["--no-disable-log-stats"], "unrecognized arguments: --no-disable-log-stats"),
+])
+def test_flags_real_0_25_1_refuses(standin, capsys, argv, error):
+    with pytest.raises(SystemExit) as exited:
+        standin.cli.parse_args(["serve", "m", *argv])
+    assert exited.value.code == 2 and error in capsys.readouterr().err
+
+
+def test_flags_as_the_real_parser_types_them(standin):
+    args = standin.cli.parse_args(["serve", "m", "--max-model-len", "1.5k", "--max-num-batched-tokens", "32K",
+                                   "--moe-backend", "FLASHINFER-CUTLASS", "--no-enable-log-requests", "-tp", "1",
+                                   "--api-key", "a", "b", "--shutdown-timeout", "30", "--load-format", "hf"])
+    assert (args.max_model_len, args.max_num_batched_tokens, args.moe_backend) == (1500, 32768, "flashinfer_cutlass")
+    assert (args.api_key, args.shutdown_timeout, args.enable_log_requests) == (["a", "b"], 30, False)
+    assert standin.cli.parse_args(["serve", "m"]).shutdown_timeout == 0
 
 
 def test_version_and_unknown_flag():
@@ -455,31 +504,86 @@ def test_streaming_completions_and_chat(healthy):
     assert all(e["object"] == "chat.completion.chunk" for e in chat[:-1])
 
 
-def test_bench_writes_the_real_keys(healthy, tmp_path):
-    result, stdout = _bench(healthy, tmp_path, "--model", "qwen-test", "--num-prompts", "6", "--max-concurrency", "3",
-                            "--random-input-len", "20", "--random-output-len", "10",
-                            "--percentile-metrics", "ttft,tpot,itl,e2el")
-    for key in ("date", "backend", "model_id", "num_prompts", "request_rate", "max_concurrency", "completed",
-                "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-                "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls",
-                "errors"):
-        assert key in result, key
-    for metric in ("ttft", "tpot", "itl", "e2el"):
-        for stat in ("mean", "median", "p99"):
-            assert result[f"{stat}_{metric}_ms"] > 0, (stat, metric)
-    assert (result["completed"], result["failed"], result["num_prompts"]) == (6, 0, 6)
-    assert (result["backend"], result["model_id"], result["request_rate"], result["max_concurrency"]) == (
-        "vllm", "qwen-test", "inf", 3)
-    assert result["input_lens"] == [20] * 6 and result["output_lens"] == [10] * 6
-    assert (result["total_input_tokens"], result["total_output_tokens"]) == (120, 60)
-    assert [len(itl) for itl in result["itls"]] == [9] * 6
-    assert result["errors"] == [""] * 6
-    assert result["output_throughput"] == pytest.approx(60 / result["duration"])
-    assert "Serving Benchmark Result" in stdout and "Successful requests:" in stdout and "P99 E2EL (ms):" in stdout
+REAL_BENCH = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_bench_real"
 
-    default, _ = _bench(healthy, tmp_path, "--num-prompts", "2", "--random-input-len", "5", "--random-output-len", "3")
-    assert default["model_id"] == "qwen-test"  # asked the server
-    assert "p99_itl_ms" in default and "mean_e2el_ms" not in default
+
+def _real_keys(case: str) -> list[str]:
+    """The keys, in order, of a result file the real 0.25.1 client wrote (captured)."""
+    return list(json.loads((REAL_BENCH / case / "result.json").read_text()))
+
+
+def test_bench_writes_the_real_keys(healthy, tmp_path, tokenizer_dir):
+    # The real client's argv for its captures (tests/fixtures/vllm_bench_real/*/run.json).
+    load = ("--model", str(tokenizer_dir), "--served-model-name", "qwen-test", "--num-prompts", "8",
+            "--max-concurrency", "4", "--random-input-len", "32", "--random-output-len", "16", "--seed", "1",
+            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--disable-tqdm")
+    result, stdout = _bench(healthy, tmp_path, tokenizer_dir, *load)
+    assert list(result) == _real_keys("a_success")  # rtfx, no errors, no per-request arrays
+    for key in ("errors", "ttfts", "itls", "input_lens", "output_lens", "generated_texts", "start_times"):
+        assert key not in result
+    assert (result["completed"], result["failed"], result["num_prompts"], result["rtfx"]) == (8, 0, 8, 0.0)
+    assert (result["model_id"], result["tokenizer_id"], result["request_rate"]) == (
+        str(tokenizer_dir), str(tokenizer_dir), "inf")
+    assert (result["total_input_tokens"], result["total_output_tokens"]) == (256, 128)
+    assert result["output_throughput"] == pytest.approx(128 / result["duration"])
+    assert all(result[f"{stat}_{metric}_ms"] > 0 for stat in ("mean", "p50", "p99") for metric in ("ttft", "itl"))
+    for line in ("Starting initial single prompt test run...", "Skipping endpoint ready check.",
+                 "Starting main benchmark run...", "Serving Benchmark Result", "P99 ITL (ms):"):
+        assert line in stdout
+    # The prompts are the tokenizer's words.
+    detailed, _ = _bench(healthy, tmp_path, tokenizer_dir, *load, "--save-detailed")
+    assert list(detailed) == _real_keys("b_save_detailed")
+    assert detailed["input_lens"] == [32] * 8 and detailed["output_lens"] == [16] * 8
+    assert detailed["errors"] == [""] * 8 and [len(itl) for itl in detailed["itls"]] == [15] * 8
+
+
+@pytest.mark.parametrize("case", ["missing", "unreadable"])
+def test_bench_without_a_tokenizer_it_can_read_fails_like_the_real_one(healthy, tmp_path, request, case):
+    """The real client exits 1 with a traceback ending in the loader's exception
+    (tests/fixtures/vllm_bench_real/e_*), and sends nothing."""
+    if case == "missing":
+        model = tmp_path / "missing" / "qwen3.6-35b-a3b-fp8"
+        captured = "e_no_tokenizer"
+    else:
+        if os.geteuid() == 0 and not shutil.which("setpriv"):
+            pytest.skip("root reads everything and setpriv is missing")
+        from tests.fixtures.vllm_standin.tokenizer import write_tokenizer
+
+        site = Path(tempfile.mkdtemp(prefix="models-"))  # a path every user may walk, as /models is
+        site.chmod(0o755)
+        request.addfinalizer(lambda: shutil.rmtree(site))
+        model = site / "private" / "qwen3.6-35b-a3b-fp8"
+        write_tokenizer(str(model), mode=0o600)  # the owner's alone
+        (site / "private").chmod(0o755)
+        captured = "e_unreadable_tokenizer"
+    before = healthy.metrics()["vllm:prompt_tokens_total"]
+    cmd = [sys.executable, "-m", "vllm.cli", "bench", "serve", "--base-url", healthy.url, "--model", str(model),
+           "--served-model-name", "qwen-test", "--num-prompts", "2", "--random-input-len", "4",
+           "--random-output-len", "2"]
+    if case == "unreadable" and os.geteuid() == 0:  # as the probe user would: not root, not the owner
+        cmd = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *cmd]
+    run = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, text=True, timeout=30)
+    real_last_line = (REAL_BENCH / captured / "output.log").read_text().strip().splitlines()[-1]
+    real_last_line = real_last_line.replace(f"/tmp/vllm-bench-capture/{case if case == 'missing' else 'private'}"
+                                            "/qwen3.6-35b-a3b-fp8", str(model))
+    assert run.returncode == json.loads((REAL_BENCH / captured / "run.json").read_text())["exit_status"] == 1
+    assert "Traceback (most recent call last):" in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == real_last_line
+    assert healthy.metrics()["vllm:prompt_tokens_total"] == before  # no load reached the server
+
+
+def test_bench_with_a_wrong_key_exits_0_with_nothing_completed(gpu, tmp_path, tokenizer_dir):
+    with serve(gpu, tmp_path, "--api-key", "sk-right") as node:
+        result, stdout = _bench(node, tmp_path, tokenizer_dir, "--model", str(tokenizer_dir), "--served-model-name",
+                                NVFP4_MODEL, "--num-prompts", "8", "--max-concurrency", "4",
+                                "--random-input-len", "8", "--random-output-len", "4", "--metric-percentiles", "50,99",
+                                env={"OPENAI_API_KEY": "sk-wrong-key"})
+    assert (result["completed"], result["failed"], result["total_output_tokens"]) == (0, 8, 0)
+    assert list(result) == _real_keys("c_wrong_api_key")
+    real = (REAL_BENCH / "c_wrong_api_key" / "output.log").read_text()
+    errors = [line for line in stdout.splitlines() if line.startswith(("Error ", "Failed requests"))]
+    assert errors == [line for line in real.splitlines() if line.startswith(("Error ", "Failed requests"))]
+    assert errors[1] == "Error 0: Unauthorized"
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
@@ -547,12 +651,23 @@ def test_no_crash_where_the_bug_does_not_apply(gpu, tmp_path, profile, cudnn, ar
         assert "EngineDeadError" not in node.output()
 
 
-def test_nvfp4_kv_cache_dies_on_first_batch(gpu, tmp_path):
-    with serve(gpu, tmp_path, "--kv-cache-dtype", "nvfp4") as node:
-        status, reply = node.post("/v1/completions", {"prompt": "a b c", "max_tokens": 3})
-        assert status == 500 and "EngineCore encountered an issue" in reply["error"]["message"]
-        assert node.proc.wait(timeout=10) == 0
-        assert "torch.AcceleratorError: CUDA error:" in node.output()
+@pytest.mark.parametrize("profile", ["rtx_pro_6000", "h100"])
+def test_nvfp4_kv_cache_fails_at_start_up_off_sm100(gpu, tmp_path, profile):
+    """v1/attention/backends/flashinfer.py: the EngineCore raises while it builds the KV cache;
+    the API server reports the failed core and exits 1 (v1/engine/utils.py)."""
+    with serve(gpu, tmp_path, "--kv-cache-dtype", "nvfp4", profile=profile, ready=False) as node:
+        assert node.proc.wait(timeout=15) == 1
+        output = node.output()
+    assert "EngineCore failed to start." in output
+    assert "ValueError: --kv-cache-dtype nvfp4 requires the SM100 trtllm-gen FlashInfer path." in output
+    assert ("RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {'EngineCore': 1}") in node.stderr()
+    assert "Application startup complete." not in output
+
+
+def test_nvfp4_kv_cache_serves_on_sm100(gpu, tmp_path):  # the control: B200 has the path
+    with serve(gpu, tmp_path, "--kv-cache-dtype", "nvfp4", profile="b200") as node:
+        assert node.post("/v1/completions", {"prompt": "a b c", "max_tokens": 3})[0] == 200
 
 
 @pytest.mark.parametrize("profile, visible, errors", [
@@ -573,24 +688,26 @@ def test_no_usable_gpu_fails_at_start(gpu, tmp_path, profile, visible, errors):
         assert error in stderr
 
 
-def test_enforce_eager_is_slower(gpu, tmp_path):
+def test_enforce_eager_is_slower(gpu, tmp_path, tokenizer_dir):
     load = ("--num-prompts", "8", "--max-concurrency", "4", "--random-input-len", "32", "--random-output-len", "40")
     env = {"VLLM_STANDIN_STEP_SECONDS": "0.01"}  # long enough steps that HTTP time is noise
     with serve(gpu, tmp_path, env=env) as graphs, serve(gpu, tmp_path, "--enforce-eager", env=env) as eager:
         assert "CUDA graphs off" in eager.output()
-        with_graphs, _ = _bench(graphs, tmp_path, *load)
-        without, _ = _bench(eager, tmp_path, *load)
+        with_graphs, _ = _bench(graphs, tmp_path, tokenizer_dir, *load)
+        without, _ = _bench(eager, tmp_path, tokenizer_dir, *load)
     assert with_graphs["completed"] == without["completed"] == 8
     assert without["output_throughput"] < 0.85 * with_graphs["output_throughput"]
     assert without["mean_tpot_ms"] > with_graphs["mean_tpot_ms"]
 
 
-def test_wedge_keeps_health_green_with_zero_progress(gpu, tmp_path):
+def test_wedge_keeps_health_green_with_zero_progress_and_the_bench_waits(gpu, tmp_path, tokenizer_dir):
+    """SIGUSR1 to the API server's pid wedges the engine (in its child process); the bench
+    waits on it as the real client does (up to 6 h per request), and finishes once it resumes."""
     with serve(gpu, tmp_path) as node:
         bench_result = {}
         bench = threading.Thread(target=lambda: bench_result.update(result=_bench(
-            node, tmp_path, "--num-prompts", "12", "--max-concurrency", "4", "--random-input-len", "10",
-            "--random-output-len", "400", env={"VLLM_STANDIN_BENCH_TIMEOUT_SECONDS": "1.5"})[0]))
+            node, tmp_path, tokenizer_dir, "--num-prompts", "12", "--max-concurrency", "4",
+            "--random-input-len", "10", "--random-output-len", "400", "--save-detailed")[0]))
         bench.start()
         deadline = time.monotonic() + 10
         while node.metrics()["vllm:generation_tokens_total"] < 500:  # past the bench's first request
@@ -600,24 +717,125 @@ def test_wedge_keeps_health_green_with_zero_progress(gpu, tmp_path):
         node.proc.send_signal(signal.SIGUSR1)
         time.sleep(0.1)  # a step already under way may finish
         frozen = node.metrics()["vllm:generation_tokens_total"]
-        time.sleep(0.5)
+        time.sleep(1.5)
         wedged = node.metrics()
         assert wedged["vllm:generation_tokens_total"] == frozen
         assert wedged["vllm:num_requests_running"] > 0
         assert node.get("/health")[0] == 200
-
-        # The bench gives up on its own: the in-flight requests stall out (1.5 s) and the
-        # rest are not sent, instead of each stalling in turn.
-        bench.join(timeout=3.5)
-        assert not bench.is_alive()
-        result = bench_result["result"]
-        assert result["failed"] > 0 and result["completed"] + result["failed"] == 12
-        assert any(e.startswith("no data for 1.5 s") for e in result["errors"])
-        assert "not sent: an earlier request stalled" in result["errors"]
+        assert bench.is_alive()  # still waiting: no give-up of its own
 
         node.proc.send_signal(signal.SIGUSR1)  # unwedge
-        time.sleep(0.3)
+        bench.join(timeout=20)
+        assert not bench.is_alive()
+        result = bench_result["result"]
+        assert (result["completed"], result["failed"]) == (12, 0) and result["errors"] == [""] * 12
         assert node.metrics()["vllm:generation_tokens_total"] > frozen
+
+
+def _engine_core_pid(node: Node) -> int:
+    [pid] = [int(line.split(" pid=")[1].split(")")[0]) for line in node.stdout().splitlines()
+             if line.startswith("(EngineCore pid=")][:1]
+    return pid
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGABRT"])
+def test_the_engine_dies_alone_and_the_api_server_exits_0(gpu, tmp_path, how):
+    """v1/engine/core_client.py: the monitor marks the engine dead when its process goes;
+    the watchdog (entrypoints/launcher.py, the knob's 1.5 s here) then stops the server: exit 0."""
+    with serve(gpu, tmp_path) as node:
+        engine = _engine_core_pid(node)
+        assert engine != node.proc.pid
+        os.kill(engine, getattr(signal, how))
+        deadline = time.monotonic() + 5
+        while node.get("/health")[0] != 503:
+            assert time.monotonic() < deadline and node.proc.poll() is None
+            time.sleep(0.05)
+        assert node.post("/v1/completions", {"prompt": "hi"})[0] == 500
+        assert node.proc.wait(timeout=10) == 0
+    assert "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup" in node.output()
+
+
+def test_disable_log_stats_removes_every_vllm_series(gpu, tmp_path):
+    """v1/engine/async_llm.py: no stat loggers, no vllm:* series; /metrics still answers."""
+    with serve(gpu, tmp_path, "--disable-log-stats") as node, serve(gpu, tmp_path) as control:
+        assert node.post("/v1/completions", {"prompt": "a b", "max_tokens": 2})[0] == 200
+        status, body = node.get("/metrics")
+        assert status == 200 and "process_start_time_seconds" in body.decode()
+        assert not [line for line in body.decode().splitlines() if "vllm:" in line]
+        assert "vllm:generation_tokens_total" in control.get("/metrics")[1].decode()
+
+
+SILENCE_ARGS = {  # a logging configuration written for the real vLLM: its formatter class, one logger muted
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"vllm": {"class": "vllm.logging_utils.NewLineFormatter", "datefmt": "%m-%d %H:%M:%S",
+                            "format": "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s"}},
+    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm", "level": "INFO",
+                          "stream": "ext://sys.stdout"}},
+    "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
+                "vllm.entrypoints.serve.utils.api_utils": {"level": "WARNING"}},
+}
+
+
+@pytest.mark.parametrize("silenced", [False, True])
+def test_non_default_args_are_logged_with_the_key_unless_the_logging_config_mutes_them(gpu, tmp_path, silenced):
+    key = "sk-in-the-journal-42"
+    env = {}
+    if silenced:
+        (tmp_path / "logging.json").write_text(json.dumps(SILENCE_ARGS))
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(tmp_path / "logging.json")
+    with serve(gpu, tmp_path, "--api-key", key, env=env) as node:
+        node.proc.terminate()
+        assert node.proc.wait(timeout=10) == 0
+    output = node.output()
+    assert "Starting vLLM API server 0 on" in output  # the rest still logs
+    assert (key in output) is (not silenced)
+    assert ("non-default args:" in output) is (not silenced)
+
+
+def test_logging_config_path_needs_configure_logging(gpu, tmp_path):
+    (tmp_path / "logging.json").write_text(json.dumps(SILENCE_ARGS))
+    env = {"VLLM_LOGGING_CONFIG_PATH": str(tmp_path / "logging.json"), "VLLM_CONFIGURE_LOGGING": "0"}
+    with serve(gpu, tmp_path, env=env, ready=False) as node:
+        assert node.proc.wait(timeout=10) == 1
+    assert "RuntimeError: VLLM_CONFIGURE_LOGGING evaluated to false, but VLLM_LOGGING_CONFIG_PATH" in node.stderr()
+
+
+def test_unknown_vllm_environment_names_are_warned(gpu, tmp_path):
+    """vllm/envs.py validate_environ: a name 0.25.1 does not read is warned at start; its own
+    names and the stand-in's knobs (VLLM_STANDIN_*) are not."""
+    env = {"VLLM_FLEET_HEALTH_URL": "http://x", "VLLM_ATTENTION_BACKEND": "FLASHINFER", "VLLM_USE_DEEP_GEMM_E8M0": "0"}
+    with serve(gpu, tmp_path, env=env) as node:
+        output = node.output()
+    warned = {line.rsplit(": ", 1)[1] for line in output.splitlines()
+              if "Unknown vLLM environment variable detected:" in line}
+    assert warned == {"VLLM_FLEET_HEALTH_URL", "VLLM_ATTENTION_BACKEND"}
+    assert all(" WARNING " in line for line in output.splitlines() if "Unknown vLLM environment" in line)
+
+
+@pytest.mark.parametrize("timeout", [0, 10])
+def test_shutdown_timeout_drains_or_aborts_a_long_request(gpu, tmp_path, timeout):
+    """SIGTERM: --shutdown-timeout 0 aborts the request in flight; N lets it finish (within N s)
+    and refuses new work (v1/engine/core.py _handle_shutdown, entrypoints/launcher.py)."""
+    events = []
+    with serve(gpu, tmp_path, "--shutdown-timeout", str(timeout), env={"VLLM_STANDIN_STEP_SECONDS": "0.01"}) as node:
+        streaming = threading.Thread(target=lambda: events.extend(_stream(
+            node, {"prompt": "a b c", "max_tokens": 300, "ignore_eos": True})))
+        streaming.start()
+        deadline = time.monotonic() + 5
+        while node.metrics()["vllm:generation_tokens_total"] < 20:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        node.proc.terminate()
+        streaming.join(timeout=15)
+        assert node.proc.wait(timeout=15) == 0
+    reasons = [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"]]
+    assert events[-1] == "[DONE]"
+    if timeout:
+        assert reasons[-1] == "length" and len(reasons) == 300
+        assert "[shutdown] EngineCore: draining in-flight requests count=1 timeout=10s" in node.output()
+    else:
+        assert reasons[-1] == "abort" and len(reasons) < 300
+        assert "[shutdown] API server: stopping engine client mode=abort timeout=0s" in node.output()
 
 
 def test_a_server_that_goes_bad_with_time_answers_500_but_stays_healthy(gpu, tmp_path):
