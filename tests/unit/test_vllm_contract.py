@@ -32,7 +32,7 @@ from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config impo
 )
 # The stand-in as tests/unit/test_vllm_standin.py builds and runs it: imported in-process
 # (standin), and served on a fake GPU (gpu, healthy) for its bench.
-from tests.unit.test_vllm_standin import _bench, gpu, healthy, standin  # noqa: F401 (fixtures)
+from tests.unit.test_vllm_standin import _bench, gpu, healthy, standin, tokenizer_dir  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = json.loads((ROOT / "catalogue" / "vllm_contract.json").read_text())
@@ -528,9 +528,9 @@ def test_the_standin_bench_takes_only_real_options(standin):
 
 
 @pytest.mark.parametrize("detailed", [False, True], ids=["default", "save-detailed"])
-def test_the_standin_bench_writes_the_real_keys(healthy, tmp_path, detailed):
+def test_the_standin_bench_writes_the_real_keys(healthy, tmp_path, tokenizer_dir, detailed):
     """No `errors` and no per-request arrays unless --save-detailed; `rtfx` always."""
-    result, _ = _bench(healthy, tmp_path, "--model", "qwen-test", "--num-prompts", "2", "--random-input-len", "5",
-                       "--random-output-len", "3", *(["--save-detailed"] if detailed else []))
+    result, _ = _bench(healthy, tmp_path, tokenizer_dir, "--model", "qwen-test", "--num-prompts", "2",
+                       "--random-input-len", "5", "--random-output-len", "3", *(["--save-detailed"] if detailed else []))
     assert "rtfx" in result and ("errors" in result) is detailed and ("ttfts" in result) is detailed
     assert set(result) == bench_keys(GENERATION_METRICS, BENCH["metric-percentiles"]["default"], detailed)
