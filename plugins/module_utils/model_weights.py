@@ -135,7 +135,7 @@ def parse_sums(text: str, where: str) -> dict[str, FileSpec]:
     sums: dict[str, str] = {}
     sizes: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or (line.startswith("#") and not line.startswith("# size")):
+        if not line.strip() or (line.startswith("#") and not line.startswith("# size ")):
             continue
         size = _SIZE_LINE.match(line)
         match = size or _SUMS_LINE.match(line)
