@@ -167,6 +167,10 @@ def request_errors(log: str) -> list[str]:
     return [f"{n} x {text}" for text, n in sorted(counts.items(), key=lambda kv: -kv[1])[:5]]
 
 
+def _who(cfg: SoakConfig) -> str:
+    return f"user {cfg.run_as}" if cfg.run_as else "the soak's user"
+
+
 def log_tail(log: str, lines: int = 6) -> str:
     """The last lines of a log on one line, for a message."""
     return " | ".join(line.strip() for line in log.strip().splitlines()[-lines:]) or "(empty)"
@@ -180,10 +184,11 @@ def diagnose(log: str, *, rc: int | None, result: dict | None, result_problem: s
     if result is None:
         what = f"vllm bench serve exited {rc} and {result_problem}"
     elif rc:
-        what = f"vllm bench serve exited {rc} after {result.get('completed')} completed and {result.get('failed')} failed"
+        what = (f"vllm bench serve exited {rc} after {result.get('completed')} completed and "
+                f"{result.get('failed')} failed")
     else:
         what = f"{result.get('failed')} request(s) failed"
-    user = f"user {cfg.run_as}" if cfg.run_as else "the soak's user"
+    user = _who(cfg)
     advice = {
         "unauthorized": "the server refused the load generator's API key (401 Unauthorized): give the soak the key "
                         "the server was started with (api_key)",
@@ -237,7 +242,7 @@ def check_tokenizer(cfg: SoakConfig, run=subprocess.run) -> dict | None:
     path = tokenizer_path(cfg)
     if path is None:
         return None
-    user = f"user {cfg.run_as}" if cfg.run_as else "the soak's user"
+    user = _who(cfg)
     _, problem = run_probe(functools.partial(run, **as_user(cfg.run_as)),
                            [sys.executable, "-I", "-c", _TOKENIZER_CHECK, path], 60, f"reading {path} as {user}")
     if problem is None:

@@ -4,6 +4,10 @@ launched through ansible-playbook with async/poll 0 and followed with soak_statu
 
 Measured here (junit properties and stdout): time from an injected crash or wedge to the
 failed verdict, and the monitor's CPU use during a soak.
+
+The passing soak and the unauthorised one run the load as the role does: as the probe user
+(nobody), its results in a scratch directory outside the release. The stand-in bench needs a
+tokenizer as the real one does; simnode writes one at each shipped profile's model path.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ Description=stand-in vLLM %i (soak test unit)
 [Service]
 Type=simple
 EnvironmentFile=/etc/vllm-fleet/%i.env
-ExecStart=/opt/vllm-fleet/current/bin/vllm serve ${VLLM_MODEL} --port ${VLLM_PORT} --max-model-len 8192 --kv-cache-dtype fp8
+ExecStart=/opt/vllm-fleet/current/bin/vllm serve ${VLLM_MODEL} --port ${VLLM_PORT} --max-model-len 8192 --kv-cache-dtype fp8 $VLLM_ARGS
 Restart=always
 RestartSec=1
 """
@@ -44,6 +48,9 @@ SHAPE = {"concurrency": 4, "input_len": 512, "output_len": 48, "run_s": 6, "samp
          "wedge_window_s": 5, "ready_timeout_s": 30}
 # Each held token weighs 1000 in the KV gauge, so the small load shows a real KV level.
 STANDIN_ENV = {"VLLM_STANDIN_LOAD_SECONDS": "1", "VLLM_STANDIN_KV_TOKEN_SCALE": "1000"}
+# As the role runs the load: as vllm_fleet_probe_user, its results under the soak module's default scratch_dir.
+AS_PROBE_USER = {"run_as": "nobody"}
+SCRATCH = "/run/vllm-fleet-soak"
 # Streaming clients that may time out and retry (one load client for the watchdog scenario and here).
 VF_LOAD = ROOT / "molecule" / "vllm_watchdog" / "files" / "vf-load"
 
@@ -96,7 +103,7 @@ class SoakNode:
 
     def serve(self, release: str, **knobs: str) -> None:
         """Point `current` at a release and (re)start the unit with these stand-in knobs."""
-        env = {"VLLM_MODEL": MODEL, "VLLM_PORT": str(self.port), **STANDIN_ENV, **knobs}
+        env = {"VLLM_MODEL": MODEL, "VLLM_PORT": str(self.port), "VLLM_ARGS": "", **STANDIN_ENV, **knobs}
         self.node.exec("cat > /etc/vllm-fleet/gpu0.env", input="".join(f"{k}={v}\n" for k, v in env.items()))
         self.sh(f"ln -sfn /opt/vllm-fleet/releases/{release} /opt/vllm-fleet/current && "
                 f"systemctl daemon-reload && systemctl restart {UNIT}")
@@ -182,7 +189,7 @@ def test_a_stable_release_passes_with_progress_and_statistics(soak_node, record_
     watcher = threading.Thread(target=measure, daemon=True)
     watcher.start()
     run, state_dir, _, _ = soak_node.soak(
-        "good", "pass", duration_s=20, min_duration_s=15, target_mtbf_hours=8,
+        "good", "pass", duration_s=20, min_duration_s=15, target_mtbf_hours=8, **AS_PROBE_USER,
         # Tolerances below 0.5 (the soak refuses anything else): the same floors as before.
         baseline={"total_token_throughput": 1360, "mean_tpot_ms": 26, "kv_cache_peak": 0.40},
         tolerances={"total_token_throughput": 0.45, "mean_tpot_ms": 0.45, "kv_cache_peak": 0.2})
@@ -197,7 +204,19 @@ def test_a_stable_release_passes_with_progress_and_statistics(soak_node, record_
     assert perf["source"] == "bench" and perf["passed"] and perf["unmeasured"] == []
     assert set(perf["metrics"]) == {"total_token_throughput", "mean_tpot_ms", "kv_cache_peak"}
     assert 0.05 < verdict["kv_cache_peak"] < 0.6 and verdict["tokens_per_s"] > 500
-    assert verdict["load"]["runs"] >= 2 and verdict["load"]["aggregate"]["failed"] == 0
+    # The load runs finished and were read (the bench, as nobody, could save its results), and the
+    # server's own counters showed the load: what a soak that passed on /metrics alone lacked.
+    load = verdict["load"]
+    assert load["runs"] >= 2 and load["aggregate"]["failed"] == 0 and load["aggregate"]["completed"] > 0
+    assert verdict["bench_tokens_per_s"] > 0 and verdict["throughput"]["gate_used"] == "bench_totals"
+    assert load["proof"]["delivered"] is True and load["proof"]["failed_runs"] == [], load["proof"]
+    server = load["proof"]["server"]
+    assert server["concurrent_samples"] >= server["busy_samples"] / 2 and server["peak_running"] >= 3, server
+    assert server["generating_samples"] >= server["samples"] / 2, server
+    print(f"\nload: {load['runs']} runs, {load['aggregate']['completed']} requests; server: {server}")
+    # Nothing under the release is the bench's, and its scratch directory is gone.
+    assert soak_node.sh(f"find {state_dir} -user nobody") == ""
+    assert soak_node.sh(f"ls -A {SCRATCH}") == ""
     proof = verdict["proof"]
     assert proof["crashes"] == 0
     assert proof["crash_rate_upper_per_min"] == pytest.approx(2.995732 * 60 / verdict["duration_s"], rel=1e-3)
@@ -221,6 +240,24 @@ def test_a_stable_release_passes_with_progress_and_statistics(soak_node, record_
           f"/proc of the async job: {cpu.get('self_pct', float('nan')):.2f}% over {cpu.get('wall_s', 0):.1f} s")
     assert cpu, "the CPU of the async job was not measured"
     assert monitor["cpu_percent_of_one_core"] < 15 and cpu["self_pct"] < 10
+
+
+def test_a_soak_whose_load_is_refused_fails_as_load_not_delivered_unauthorised(soak_node):
+    """Negative control of the load's proof: the server requires a key, the soak is given another.
+    The bench runs and exits 0 with every request failed (as the real one does): before, such a soak
+    passed on /metrics alone; now it fails at once with the cause."""
+    soak_node.serve("good", VLLM_ARGS="--api-key sk-soak-right")
+    run, state_dir, _, _ = soak_node.soak("good", "wrong-key", duration_s=60, min_duration_s=10,
+                                          api_key="sk-soak-wrong", **AS_PROBE_USER)
+    assert run.rc != 0 and "Load not delivered" in run.output
+    verdict = soak_node.read_json(f"{state_dir}/verdict.json")
+    assert verdict["passed"] is False and verdict["stopped"] == "load_error" and verdict["duration_s"] < 40
+    proof = verdict["load"]["proof"]
+    assert proof["cause"] == "unauthorized" and verdict["load"]["runs"] == 0, proof
+    assert verdict["reasons"][0].startswith("Load not delivered: no load run completed a request (2 run(s) failed); "
+                                            "unauthorised: the server refused the load generator's API key")
+    assert "x Unauthorized" in verdict["reasons"][0] and "sk-soak" not in json.dumps(verdict)
+    assert soak_node.sh(f"ls -A {SCRATCH}") == ""
 
 
 def test_the_crashing_cudnn_fails_at_the_first_crash_with_the_cuda_line(soak_node, record_property):
