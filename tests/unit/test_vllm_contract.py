@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import soak_bench
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import SoakConfig
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.serve_config import (
     ProfileError,
     build,
@@ -534,3 +536,38 @@ def test_the_standin_bench_writes_the_real_keys(healthy, tmp_path, tokenizer_dir
                        "--random-input-len", "5", "--random-output-len", "3", *(["--save-detailed"] if detailed else []))
     assert "rtfx" in result and ("errors" in result) is detailed and ("ttfts" in result) is detailed
     assert set(result) == bench_keys(GENERATION_METRICS, BENCH["metric-percentiles"]["default"], detailed)
+
+
+def bench_argv_problems(argv: list[str]) -> list[str]:
+    """Where a `vllm bench serve` command line says what the real parser refuses."""
+    problems, words = [], iter(argv)
+    for word in words:
+        if not word.startswith("--"):
+            problems.append(f"{word!r}: the real vllm bench serve takes no positional argument")
+            continue
+        real = BENCH.get(word[2:])
+        if real is None:
+            problems.append(f"{word}: the real vllm bench serve {VERSION} has no such option")
+        elif real["kind"] != "bool":
+            value = next(words, None)
+            if value is None or (real["choices"] and value not in real["choices"]):
+                problems.append(f"{word} {value}: not a value the real one takes")
+    return problems
+
+
+def test_the_soaks_bench_command_and_the_keys_it_reads_are_the_real_ones():
+    """What the soak runs (soak_bench.bench_command) is a command line the real client takes, and
+    every key it reads from the result is one the real client writes without --save-detailed."""
+    cfg = SoakConfig(unit="vllm@gpu0", state_dir="/s", duration_s=60, venv="/opt/vllm-fleet/releases/r1",
+                     model="/models/m", served_model_name="qwen", tokenizer="/models/m")
+    argv = soak_bench.bench_command(cfg, 64, 7, "/s/bench", "run-001.raw.json")
+    assert argv[1:3] == ["bench", "serve"] and bench_argv_problems(argv[3:]) == []
+    written = bench_keys(_option(argv, "--percentile-metrics", GENERATION_METRICS),
+                         _option(argv, "--metric-percentiles", BENCH["metric-percentiles"]["default"]),
+                         "--save-detailed" in argv)
+    read = set(soak_bench.BENCH_SUMMARY_KEYS) | set(soak_bench.THROUGHPUT_KEYS)
+    assert read - written == set()
+    # Negative controls: an option the real client lacks, a value outside its choices.
+    assert bench_argv_problems(["--no-such-option", "--dataset-name", "nope"]) == [
+        "--no-such-option: the real vllm bench serve 0.25.1 has no such option",
+        "--dataset-name nope: not a value the real one takes"]
