@@ -90,6 +90,30 @@ def failure_reasons(monitor: Monitor, *, elapsed_s: float, stopped: str) -> list
     return reasons
 
 
+def server_load_problems(seen: dict) -> list[tuple[str, str]]:
+    """(cause, sentence) for what the server's counters did not show of the load (``Monitor.load_evidence``)."""
+    if not seen["metrics_samples"]:
+        return [("no_metrics", "the server exported no vllm:* metrics, so its side of the load cannot be seen (vLLM "
+                               "started with --disable-log-stats exports none)")]
+    if not seen["samples"]:
+        return [("no_request", "the server saw no request during the soak (check base_url, model and the load "
+                               "generator's log under bench/)")]
+    problems = []
+    if seen["generating_samples"] < LOAD_MIN_FRACTION * seen["samples"]:
+        problems.append(("not_generating", f"the server generated tokens in {seen['generating_samples']} of the "
+                                           f"{seen['samples']} samples after the load arrived, fewer than "
+                                           f"{LOAD_MIN_FRACTION:.0%}"))
+    threshold = seen["concurrency_threshold"]
+    if threshold and seen["concurrent_samples"] < LOAD_MIN_FRACTION * max(1, seen["busy_samples"]):
+        problems.append(("concurrency_not_reached",
+                         f"vllm:num_requests_running was at least {threshold} ({CONCURRENCY_FRACTION:.0%} of the "
+                         f"concurrency {seen['concurrency']}) in {seen['concurrent_samples']} of the "
+                         f"{seen['busy_samples']} samples with requests running, fewer than {LOAD_MIN_FRACTION:.0%} "
+                         f"(peak {seen['peak_running']:g}): the server's max-num-seqs or KV cache may be below the "
+                         "load"))
+    return problems
+
+
 def load_proof(monitor: Monitor, bench_results: list[dict], failures: list[dict]) -> dict:
     """Whether the soak delivered its load, from both sides: the bench's runs completed
     requests, and the server's own counters showed tokens generated and the configured
@@ -97,41 +121,20 @@ def load_proof(monitor: Monitor, bench_results: list[dict], failures: list[dict]
     names the first thing missing; ``reason`` says all of it, or is None when delivered."""
     seen = monitor.load_evidence()
     problems: list[tuple[str, str]] = []
-    runs = [f for f in failures if f["run"]]  # a failure without a run: found before the load started
-    if not bench_results:
-        if failures:
-            last = failures[-1]
-            problems.append((last["cause"], (f"no load run completed a request ({len(runs)} run(s) failed); "
-                                             if runs else "") + last["message"]))
-        else:
-            problems.append(("no_run_finished", "no load run finished within the soak: make the soak outlast one "
-                                                "run (about run_s seconds after the bench starts)"))
-    if not monitor.samples:
-        pass  # the soak stopped before its first sample: nothing to say of the server
-    elif not seen["metrics_samples"]:
-        problems.append(("no_metrics", "the server exported no vllm:* metrics, so its side of the load cannot be "
-                                       "seen (vLLM started with --disable-log-stats exports none)"))
-    elif not seen["samples"]:
-        problems.append(("no_request", "the server saw no request during the soak (check base_url, model and the "
-                                       "load generator's log under bench/)"))
-    else:
-        if seen["generating_samples"] < LOAD_MIN_FRACTION * seen["samples"]:
-            problems.append(("not_generating", f"the server generated tokens in {seen['generating_samples']} of the "
-                                               f"{seen['samples']} samples after the load arrived, fewer than "
-                                               f"{LOAD_MIN_FRACTION:.0%}"))
-        threshold = seen["concurrency_threshold"]
-        if threshold and seen["concurrent_samples"] < LOAD_MIN_FRACTION * max(1, seen["busy_samples"]):
-            problems.append(("concurrency_not_reached",
-                             f"vllm:num_requests_running was at least {threshold} ({CONCURRENCY_FRACTION:.0%} of the "
-                             f"concurrency {seen['concurrency']}) in {seen['concurrent_samples']} of the "
-                             f"{seen['busy_samples']} samples with requests running, fewer than "
-                             f"{LOAD_MIN_FRACTION:.0%} (peak {seen['peak_running']:g}): the server's max-num-seqs "
-                             "or KV cache may be below the load"))
-    completed = sum(int(r.get("completed") or 0) for r in bench_results)
+    if not bench_results and failures:
+        runs = sum(1 for f in failures if f["run"])  # a failure without a run: found before the load started
+        problems.append((failures[-1]["cause"], (f"no load run completed a request ({runs} run(s) failed); "
+                                                 if runs else "") + failures[-1]["message"]))
+    elif not bench_results:
+        problems.append(("no_run_finished", "no load run finished within the soak: make the soak outlast one run "
+                                            "(about run_s seconds after the bench starts)"))
+    if monitor.samples:  # else the soak stopped before its first sample: nothing to say of the server
+        problems += server_load_problems(seen)
     return {"delivered": not problems, "cause": problems[0][0] if problems else None,
             "reason": ("Load not delivered: " + "; ".join(text for _, text in problems) + ".") if problems else None,
-            "runs_completed": len(bench_results), "requests_completed": completed, "failed_runs": failures[-3:],
-            "server": seen}
+            "runs_completed": len(bench_results),
+            "requests_completed": sum(int(r.get("completed") or 0) for r in bench_results),
+            "failed_runs": failures[-3:], "server": seen}
 
 
 def observed_performance(monitor: Monitor, agg: dict | None, server_tps: float | None) -> tuple[dict, str | None]:
