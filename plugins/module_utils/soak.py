@@ -11,7 +11,12 @@ Plain Python on purpose (no ``ansible`` import), split by concern:
 
 The soak's files live in ``state_dir``: ``progress.jsonl`` (one line per sample, read by
 ``soak_status``), ``verdict.json`` (written once, atomically, at the end) and ``bench/``
-(each run's summary and log).
+(each run's summary and log), all root's. The bench itself, run as the probe user, writes only
+under ``scratch_dir`` (``soak_bench.make_scratch``).
+
+The verdict fails a soak that did not deliver its load (``load_proof``): no load run completed
+a request (the cause read from the bench's output), or the server's counters did not show the
+configured concurrency running and tokens generated for most of it.
 """
 
 from __future__ import annotations
