@@ -299,7 +299,7 @@ def test_disable_log_stats_is_refused_by_the_schema():
     the watchdog, the soak and the bake would be blind. A profile may not set it."""
     assert SERVE["disable-log-stats"]["action"] == "store_true"
     errors = _errors({"disable-log-stats": True})
-    assert len(errors) == 1 and errors[0].startswith("serve_args.disable-log-stats: --disable-log-stats "), errors
+    assert len(errors) == 1 and errors[0].startswith("serve_args.disable-log-stats: "), errors
     with pytest.raises(ProfileError, match="disable-log-stats"):
         build(SCHEMA_DOC, {"name": "blind", "model": "/models/m", "serve_args": {"disable-log-stats": True}},
               role_args={"host": "0.0.0.0", "port": 8000})
@@ -340,7 +340,7 @@ def _sample_argv(name: str, flag: dict) -> list[str]:
     return [f"--{name}", str(choices[0]) if choices else value]
 
 
-def test_the_standin_accepts_every_flag_the_schema_allows(standin, tmp_path):
+def test_the_standin_accepts_every_flag_the_schema_allows(standin):
     for name, flag in SCHEMA_DOC["flags"].items():
         if name == "config":
             continue  # a file: the config-file probes below
@@ -352,21 +352,44 @@ def test_the_standin_accepts_every_flag_the_schema_allows(standin, tmp_path):
                            SERVE[name]["dest"]) is False
 
 
-def test_the_standin_flags_are_the_real_ones(standin):
-    """For each flag the schema allows: the real action (store_true or the --no- form), nargs
-    and choices; and the stand-in has no option the real parser lacks."""
-    serve = _standin_parser(standin, "serve")
+def standin_flag_problems(serve: argparse.ArgumentParser) -> list[str]:
+    """For each flag the schema allows: the real action (store_true or the --no- form), nargs,
+    choices, destination and default (the server logs every argument that differs from its
+    default, as the real one does); and no option the real parser lacks."""
     actions = {o[2:]: a for a in serve._actions for o in a.option_strings if o.startswith("--")}
+    problems = []
     for name in SCHEMA_DOC["flags"]:
         action, real = actions.get(name), SERVE[name]
-        assert action is not None, f"the stand-in has no --{name}"
-        negatable = isinstance(action, argparse.BooleanOptionalAction)
-        choices = None if action.choices is None else sorted(map(str, action.choices))
-        assert (negatable, action.nargs, choices) == (real["negatable"], real["nargs"], real["choices"]), name
+        if action is None:
+            problems.append(f"--{name}: the stand-in has no such flag")
+            continue
+        ours = {"negatable": isinstance(action, argparse.BooleanOptionalAction), "nargs": action.nargs,
+                "choices": None if action.choices is None else sorted(map(str, action.choices)), "dest": action.dest,
+                "default": GENERATOR.plain(action.default)}
+        theirs = {**real, "choices": None if real["choices"] is None else sorted(map(str, real["choices"]))}
+        if isinstance(real["default"], dict) and "object" in real["default"]:
+            del ours["default"]  # an object built for the platform vLLM runs on: not comparable
+        problems += [f"--{name}: {key} {value!r} in the stand-in, {theirs[key]!r} in vLLM {VERSION}"
+                     for key, value in ours.items() if value != theirs[key]]
     known = {f"--{n}" for n in SERVE} | {f"--no-{n}" for n, f in SERVE.items() if f["negatable"]} | {
         a for f in SERVE.values() for a in f["aliases"]} | {"-h", "--help"}
-    extra = sorted(o for a in serve._actions for o in a.option_strings if o not in known)
-    assert extra == [], f"the stand-in's vllm serve takes {extra}, which the real {VERSION} refuses"
+    problems += [f"{o}: the stand-in takes it, the real vllm serve {VERSION} exits 2"
+                 for a in serve._actions for o in a.option_strings if o not in known]
+    return problems
+
+
+def test_the_standin_flags_are_the_real_ones(standin):
+    assert standin_flag_problems(_standin_parser(standin, "serve")) == []
+
+
+def test_the_standin_flag_check_catches_a_flag_the_real_one_lacks(standin):
+    """Negative control: the stand-in's parser with --swap-space added, and a choice taken away."""
+    serve = _standin_parser(standin, "serve")
+    serve.add_argument("--swap-space", type=float, default=4)
+    next(a for a in serve._actions if a.dest == "dtype").choices = ("auto",)
+    problems = standin_flag_problems(serve)
+    assert f"--dtype: choices ['auto'] in the stand-in, {SERVE['dtype']['choices']!r} in vLLM 0.25.1" in problems
+    assert "--swap-space: the stand-in takes it, the real vllm serve 0.25.1 exits 2" in problems
 
 
 CONFIG_PROBES = {k: v for k, v in CONTRACT["config_file"]["probes"].items() if "argv" in v and "yaml" in v
@@ -432,7 +455,8 @@ def metric_disagreements(exposition: str) -> list[str]:
             problems.append(f"{name}: not a series of vLLM {VERSION}")
             continue
         labels = dict(LABEL.findall(match["labels"] or ""))
-        labels.pop("le", None) if name.endswith("_bucket") else None
+        if name.endswith("_bucket"):
+            labels.pop("le", None)
         metric, real = by_sample[name]
         if real["labels"] is not None and sorted(labels) != sorted(real["labels"]):
             problems.append(f"{name}: labels {sorted(labels)}, in vLLM {VERSION} {sorted(real['labels'])}")
