@@ -70,7 +70,8 @@ def test_the_contract_names_its_wheel_and_how_each_part_was_obtained():
     assert hows == {"serve_flags": "run", "serve_values": "run", "config_file": "run", "size_grammar": "run",
                     "env": "run", "bench_serve_flags": "run", "env_defaults": "read", "metrics": "read",
                     "bench_result": "read", "http": "read"}
-    # Written as the script writes it: one deterministic form, so a hand edit shows as a diff.
+    # Exactly as the script writes it (sorted keys, one indent): a hand edit that reformats shows
+    # here; one that changes a value shows in make check-real, which regenerates it from the wheel.
     assert (ROOT / "catalogue" / "vllm_contract.json").read_text() == GENERATOR.dump(CONTRACT)
 
 
@@ -112,8 +113,7 @@ def schema_disagreements(schema_doc: dict) -> list[str]:
         if real is None:
             problems.append(f"--{name}: vllm serve {VERSION} has no such flag (it exits 2)")
             continue
-        element = {"str": "str", "int": "int"}.get(flag.type)
-        one_of_a_list = real["kind"] == "list" and element == real["element"]  # one value of a nargs + flag
+        one_of_a_list = real["kind"] == "list" and flag.type == real["element"]  # one value of a nargs + flag
         if real["kind"] not in COMPATIBLE[flag.type] and not one_of_a_list:
             problems.append(f"--{name}: type {flag.type} here, {real['kind']} ({real['type']}) in vLLM {VERSION}")
         if flag.type == "list" and real["kind"] == "list" and flag.elements != real["element"]:
@@ -178,18 +178,36 @@ def _profile_flag(key: str) -> str:
     return name[3:] if name.startswith("no-") and SERVE.get(name[3:], {}).get("negatable") else name
 
 
-@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
-def test_every_shipped_profile_sets_only_what_real_vllm_reads(path):
-    profile = yaml.safe_load(path.read_text())
+def profile_problems(profile: dict) -> list[str]:
+    """The serve args, values among real choices and VLLM_* variables of a profile that the real
+    vLLM does not know."""
+    problems = []
     for key, value in (profile.get("serve_args") or {}).items():
         name = _profile_flag(key)
-        assert name in SERVE, f"{path.name}: serve_args.{key}: vllm serve {VERSION} has no --{name}"
+        if name not in SERVE:
+            problems.append(f"serve_args.{key}: vllm serve {VERSION} has no --{name}")
+            continue
         choices = _real_choices(name)
-        if choices is not None:
-            assert all(str(v) in map(str, choices) for v in (value if isinstance(value, list) else [value])), (key, value)
-    for name in profile.get("env") or {}:
-        if name.startswith("VLLM_"):
-            assert name in ENV_NAMES, f"{path.name}: env.{name}: vLLM {VERSION} does not read it"
+        values = value if isinstance(value, list) else [value]
+        if choices is not None and not all(str(v) in map(str, choices) for v in values):
+            problems.append(f"serve_args.{key}: {value!r} is not among vLLM {VERSION}'s choices")
+    problems += [f"env.{name}: vLLM {VERSION} does not read it" for name in profile.get("env") or {}
+                 if name.startswith("VLLM_") and name not in ENV_NAMES]
+    return problems
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_every_shipped_profile_sets_only_what_real_vllm_reads(path):
+    assert profile_problems(yaml.safe_load(path.read_text())) == []
+
+
+def test_the_profile_check_catches_what_real_vllm_does_not_read():
+    """Negative control: a composed profile with a gone flag, a gone choice and a gone variable."""
+    assert profile_problems({"serve_args": {"swap-space": 4, "load-format": "gguf", "no-enforce-eager": True},
+                             "env": {"VLLM_ATTENTION_BACKEND": "FLASHINFER", "CUDA_LAUNCH_BLOCKING": "1"}}) == [
+        "serve_args.swap-space: vllm serve 0.25.1 has no --swap-space",
+        "serve_args.load-format: 'gguf' is not among vLLM 0.25.1's choices",
+        "env.VLLM_ATTENTION_BACKEND: vLLM 0.25.1 does not read it"]
 
 
 # ---------------------------------------------------------------- the service unit's environment
