@@ -270,7 +270,8 @@ def _standin_fails(standin, *argv: str) -> int | str:
     return exited.value.code
 
 
-@pytest.mark.parametrize("flag, value", [("swap-space", "4"), ("disable-log-requests", None)])
+@pytest.mark.parametrize("flag, value", [("swap-space", "4"), ("disable-log-requests", None)],
+                         ids=["swap-space", "disable-log-requests"])
 def test_flags_real_0_25_1_lacks_are_refused(standin, flag, value):
     """--swap-space and --disable-log-requests make the real vllm serve exit 2 (a unit that
     restarts until its start limit): the schema refuses them, the stand-in exits 2 too."""
@@ -300,6 +301,8 @@ def test_moe_backend_has_the_real_choices(standin):
     assert _standin_fails(standin, "--moe-backend", "no-such-backend") == 2
     for choice in real:
         assert standin.cli.parse_args(["serve", "/models/m", "--moe-backend", choice]).moe_backend == choice
+    assert standin.cli.parse_args(["serve", "/models/m", "--moe-backend", "Flashinfer-B12X"]).moe_backend == (
+        "flashinfer_b12x")  # lower-cased, - as _, as the real type function does
 
 
 def test_sizes_like_1_5K_are_refused(standin):
