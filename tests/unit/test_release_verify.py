@@ -223,7 +223,7 @@ def test_a_vllm_imported_from_outside_the_release_is_an_error(release, tmp_path)
 
 
 def test_probes_run_as_the_user_and_the_rehash_sees_what_they_wrote(as_root, make_venv, tmp_path_factory):
-    """Every probe (cuDNN's three, vllm --version) is asked to run as the user; one that
+    """Every probe (cuDNN's three, the vllm import) is asked to run as the user; one that
     drops a .pth into site-packages is found by the re-hash that follows them."""
     venv, _ = make_release(make_venv, tmp_path_factory, "release-probed")
     calls = []
