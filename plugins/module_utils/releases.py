@@ -15,6 +15,7 @@ the functions that compare versions, so pruning works without it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -268,6 +269,11 @@ _MISSING_PATTERNS = (
     re.compile(r"there is no version of ([^\s,]+)"),
     re.compile(r"\b([A-Za-z0-9][A-Za-z0-9._-]*) was not found in the (?:provided package locations|package registry)"),
 )
+# uv 0.13.9 under --only-binary :all:, for a package with only a source distribution:
+# "hint: Wheels are required for `tinysdist` because building from source is disabled for all
+# packages (i.e., with `--no-build`)".
+_SOURCE_ONLY = re.compile(r"Wheels are required for `([^`]+)` because building from source is disabled")
+BUILD_VARIABLE = "vllm_fleet_runtime_build_from_source"
 
 
 # user:password@ (or a token@) in a URL: never written to a manifest, a message or a report.
@@ -302,8 +308,14 @@ def resolve_failure(result, release, source) -> str:
         for name in pattern.findall(stderr):
             if name not in missing:
                 missing.append(name)
+    source_only = list(dict.fromkeys(_SOURCE_ONLY.findall(stderr)))
     what = f"vllm=={plan['vllm']} with {plan['cudnn_package']}=={plan['cudnn']} overridden"
-    if missing:
+    if source_only:
+        names = " and ".join(source_only)
+        why = (f"{names} {'has' if len(source_only) == 1 else 'have'} no binary wheel there, only a source "
+               "distribution, and none is built unless allowed (its build backend would run as root). If you "
+               f"trust it, allow it by name: {BUILD_VARIABLE}: {json.dumps(source_only)}")
+    elif missing:
         why = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not available there"
     else:
         why = "uv could not resolve it (see below)"

@@ -413,3 +413,157 @@ def test_a_torch_pin_with_a_local_label_goes_through_lock_manifest_and_release_i
     # Negative control: the plain torch in the lock is not the +cu130 the plan pins.
     with pytest.raises(ReleaseError, match="torch"):
         manifest(release=plan, check=judge_check(CHECK_OVERRIDE, plan))
+
+
+# --- binary wheels only, unless a package may build by name (issue 32) --------------------------
+# A real uv 0.13.9 (the project venv's) against a local find-links, composed here: vllm 0.25.1 as
+# a wheel that requires tinysdist, and tinysdist 1.0 as a source distribution only, with an
+# in-tree PEP 517 backend that notes each time it runs (the code a build would run as root).
+
+import base64  # noqa: E402
+import hashlib  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tarfile  # noqa: E402
+import zipfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+UV = Path(sys.executable).parent / "uv"
+INSTALL = ROOT / "roles" / "vllm_runtime" / "tasks" / "install.yml"
+
+BACKEND = '''import base64, hashlib, os, zipfile
+META = "Metadata-Version: 2.1\\nName: tinysdist\\nVersion: 1.0\\n"
+def _ran():
+    with open(os.environ["TINYSDIST_MARKER"], "a") as out:
+        out.write("the build backend ran\\n")
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def prepare_metadata_for_build_wheel(directory, config_settings=None):
+    _ran()
+    os.makedirs(os.path.join(directory, "tinysdist-1.0.dist-info"))
+    with open(os.path.join(directory, "tinysdist-1.0.dist-info", "METADATA"), "w") as out:
+        out.write(META)
+    return "tinysdist-1.0.dist-info"
+def build_wheel(directory, config_settings=None, metadata_directory=None):
+    _ran()
+    files = {"tinysdist.py": b"BUILT = True\\n", "tinysdist-1.0.dist-info/METADATA": META.encode(),
+             "tinysdist-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}
+    record = "".join("%s,sha256=%s,%d\\n" % (p, base64.urlsafe_b64encode(hashlib.sha256(c).digest()).rstrip(b"=").decode(),
+                                           len(c)) for p, c in files.items()) + "tinysdist-1.0.dist-info/RECORD,,\\n"
+    name = "tinysdist-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(directory, name), "w") as whl:
+        for path, content in files.items():
+            whl.writestr(path, content)
+        whl.writestr("tinysdist-1.0.dist-info/RECORD", record)
+    return name
+'''
+
+
+def write_wheel(path: Path, name: str, version: str, requires: list[str]) -> None:
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n"
+                                                                                 for r in requires)
+    files = {f"{name}/__init__.py": b"", f"{name}-{version}.dist-info/METADATA": meta.encode(),
+             f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    digest = {p: base64.urlsafe_b64encode(hashlib.sha256(c).digest()).rstrip(b"=").decode() for p, c in files.items()}
+    record = "".join(f"{p},sha256={digest[p]},{len(c)}\n" for p, c in files.items())
+    with zipfile.ZipFile(path, "w") as whl:
+        for p, c in files.items():
+            whl.writestr(p, c)
+        whl.writestr(f"{name}-{version}.dist-info/RECORD", record + f"{name}-{version}.dist-info/RECORD,,\n")
+
+
+@pytest.fixture
+def sdist_wheelhouse(tmp_path):
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    write_wheel(house / "vllm-0.25.1-py3-none-any.whl", "vllm", "0.25.1", ["tinysdist==1.0"])
+    src = tmp_path / "src" / "tinysdist-1.0"
+    src.mkdir(parents=True)
+    # No [project] table: uv cannot read the metadata statically, so resolving runs the backend too.
+    (src / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n')
+    (src / "backend.py").write_text(BACKEND)
+    with tarfile.open(house / "tinysdist-1.0.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname="tinysdist-1.0")
+    return house
+
+
+def render_install_var(name: str, allowed: list) -> list:
+    """A task variable of install.yml as Ansible renders it, given vllm_fleet_runtime_build_from_source."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    [task] = [t for t in yaml.safe_load(INSTALL.read_text()) if name in t.get("vars", {})]
+    templar = Templar(loader=DataLoader(), variables={"vllm_fleet_runtime_build_from_source": allowed})
+    return list(templar.template(trust_as_template(task["vars"][name])))
+
+
+def build_options(allowed: list) -> list:
+    return render_install_var("_vllm_fleet_runtime_build_options", allowed)
+
+
+def uv_run(tmp_path, house, *args) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+           "TINYSDIST_MARKER": str(tmp_path / "backend-ran")}
+    return subprocess.run([str(UV), "--no-config", "pip", *args[:1], "--python", "bin/python", "--no-index",
+                           "--find-links", str(house), *args[1:]], cwd=tmp_path / "venv", env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def venv(tmp_path):
+    subprocess.run([str(UV), "--no-config", "venv", "--python", sys.executable, str(tmp_path / "venv")], check=True,
+                   capture_output=True, env={**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache")})
+    (tmp_path / "venv" / "requirements.in").write_text("vllm==0.25.1\n")
+    return tmp_path / "venv"
+
+
+def test_install_passes_the_build_options_to_both_compile_and_sync():
+    text = INSTALL.read_text()
+    for verb in ("'compile'", "'sync'"):
+        [argv] = [line for line in text.split("- name: ") if f"'pip', {verb}" in line]
+        assert "+ _vllm_fleet_runtime_build_options }}" in argv, argv
+    assert build_options([]) == ["--only-binary", ":all:"]
+    assert build_options(["tinysdist", "a.b_c-1"]) == ["--only-binary", ":all:", "--no-binary=tinysdist",
+                                                       "--no-binary=a.b_c-1"]
+
+
+def test_a_source_distribution_is_refused_naming_the_package_and_the_variable(tmp_path, sdist_wheelhouse, venv):
+    compiled = uv_run(tmp_path, sdist_wheelhouse, "compile", "--generate-hashes", "-o", "lock.txt", "requirements.in",
+                      *build_options([]))
+    assert compiled.returncode == 1, compiled.stderr
+    assert not (tmp_path / "backend-ran").exists()  # nothing of the sdist ran
+    message = resolve_failure({"rc": compiled.returncode, "stderr": compiled.stderr}, PLAN,
+                              {"offline": True, "find_links": [str(sdist_wheelhouse)]})
+    assert (f"from the offline wheelhouse {sdist_wheelhouse}: tinysdist has no binary wheel there, only a source "
+            "distribution, and none is built unless allowed (its build backend would run as root). If you trust it, "
+            'allow it by name: vllm_fleet_runtime_build_from_source: ["tinysdist"]. Nothing was installed') in message
+
+
+def test_a_package_allowed_by_name_builds(tmp_path, sdist_wheelhouse, venv):
+    options = build_options(["tinysdist"])
+    compiled = uv_run(tmp_path, sdist_wheelhouse, "compile", "--generate-hashes", "-o", "lock.txt", "requirements.in",
+                      *options)
+    assert compiled.returncode == 0, compiled.stderr
+    synced = uv_run(tmp_path, sdist_wheelhouse, "sync", "--require-hashes", "lock.txt", *options)
+    assert synced.returncode == 0, synced.stderr
+    assert "Built tinysdist==1.0" in synced.stderr
+    assert "the build backend ran" in (tmp_path / "backend-ran").read_text()
+    assert list(venv.glob("lib/python*/site-packages/tinysdist.py"))
+
+
+def test_without_the_options_uv_runs_the_sdists_backend(tmp_path, sdist_wheelhouse, venv):  # negative control
+    # The argv install.yml had before: uv builds the sdist, running its backend (as root on a node).
+    compiled = uv_run(tmp_path, sdist_wheelhouse, "compile", "--generate-hashes", "-o", "lock.txt", "requirements.in")
+    assert compiled.returncode == 0, compiled.stderr
+    assert "the build backend ran" in (tmp_path / "backend-ran").read_text()
+
+
+@pytest.mark.parametrize("names, refused", [
+    ([":all:"], [":all:"]), (["ok", "two words"], ["two words"]), (["-flag"], ["-flag"]), (["x\n--no-index"], None), (["tinysdist\n"], None),
+    (["tinysdist", "a.b_c-1", "X"], []),
+])
+def test_only_package_names_may_be_allowed_to_build(names, refused):
+    bad = render_install_var("_vllm_fleet_runtime_bad_builds", names)
+    assert bad == (names if refused is None else refused)
