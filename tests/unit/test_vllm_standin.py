@@ -732,6 +732,22 @@ def test_wedge_keeps_health_green_with_zero_progress_and_the_bench_waits(gpu, tm
         assert node.metrics()["vllm:generation_tokens_total"] > frozen
 
 
+def test_a_wedge_sent_to_every_process_of_the_unit_wedges_once(gpu, tmp_path):
+    """`systemctl kill -s SIGUSR1` signals the API server and its EngineCore alike."""
+    with serve(gpu, tmp_path) as node:
+        for pid in (node.proc.pid, _engine_core_pid(node)):
+            os.kill(pid, signal.SIGUSR1)
+        time.sleep(0.2)
+        streaming = threading.Thread(target=_stream, args=(node, {"prompt": "a", "max_tokens": 5, "ignore_eos": True}),
+                                     daemon=True)
+        streaming.start()
+        time.sleep(0.5)
+        assert node.metrics()["vllm:generation_tokens_total"] == 0 and streaming.is_alive()
+        os.kill(node.proc.pid, signal.SIGUSR1)
+        streaming.join(timeout=5)
+        assert not streaming.is_alive() and node.metrics()["vllm:generation_tokens_total"] == 5
+
+
 def _engine_core_pid(node: Node) -> int:
     [pid] = [int(line.split(" pid=")[1].split(")")[0]) for line in node.stdout().splitlines()
              if line.startswith("(EngineCore pid=")][:1]
