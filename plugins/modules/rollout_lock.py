@@ -17,6 +17,12 @@ description:
   - O(state=absent) removes the lease only if O(holder) holds it; another run's lease is left alone
     and the task fails.
   - In check mode nothing is written (the checks run), so a check run leaves no lease.
+  - The lease is read without following a symbolic link, at most 4096 bytes, and parsed strictly; a
+    path that names a link, a directory or a file that is not a lease fails the task, never showing
+    what the file holds (the path may name any file, a secret one too).
+  - Another run prints the lease's fields, so O(holder), O(controller), O(user) and O(break_holder)
+    with a control character (an escape sequence, a newline) are refused, and a lease read with one
+    is shown escaped.
 version_added: 0.3.0
 options:
   path:
@@ -29,7 +35,9 @@ options:
     choices: [present, absent]
     default: present
   holder:
-    description: The id of this run, unique per run.
+    description:
+      - The id of this run, unique per run; 1 to 128 letters, digits and C(. _ : @ + -), beginning with
+        a letter or digit (it names a temporary file beside the lease).
     type: str
     required: true
   ttl:

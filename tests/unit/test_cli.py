@@ -534,7 +534,8 @@ def test_progress_lines_carry_no_escape_sequence_nor_control(tmp_path):
     # operator's terminal; only CSI was stripped.
     import re
     event = {"event": "runner_on_failed", "created": "2026-12-02T15:00:00+00:00",
-             "event_data": {"host": "lb01\x1b]0;x\x07", "task": "Take the lock \x1b]8;;http://e\x1b\\here\x1b]8;;\x1b\\",
+             "event_data": {"host": "lb01\x1b]0;x\x07",
+                            "task": "Take the lock \x1b]8;;http://e\x1b\\here\x1b]8;;\x1b\\",
                             "res": {"msg": "held by run-a\x1b]0;rollout finished\x07 (user \x1bP+q\x1b\\deploy)\r"
                                            "forged line\x9b2J\x07\udc80 end"}}}
     lines = ProgressFormatter().format(event)
@@ -546,7 +547,8 @@ def test_progress_lines_carry_no_escape_sequence_nor_control(tmp_path):
 
 def test_progress_lines_keep_plain_text_and_strip_colours():  # negative control
     event = {"event": "runner_on_failed", "created": "2026-12-02T15:00:00+00:00",
-             "event_data": {"host": "lb01", "task": "Take the lock", "res": {"msg": "\x1b[31mheld\x1b[0m by run-a\tnow"}}}
+             "event_data": {"host": "lb01", "task": "Take the lock",
+                            "res": {"msg": "\x1b[31mheld\x1b[0m by run-a\tnow"}}}
     [line] = ProgressFormatter().format(event)
     assert line.endswith("lb01     FAILED       Take the lock | held by run-a\tnow")
 
@@ -571,8 +573,8 @@ def test_a_plain_extra_var_wins_over_a_vaulted_file_wherever_given_as_the_help_s
     vaulted.write_text("before: vaulted\nafter: vaulted\n")
     subprocess.run([str(Path(sys.executable).parent / "ansible-vault"), "encrypt", str(vaulted),
                     "--vault-password-file", str(password)], check=True, capture_output=True)
-    (tmp_path / "play.yml").write_text("- hosts: all\n  gather_facts: false\n  tasks:\n"
-                                       "    - ansible.builtin.debug:\n        msg: 'before={{ before }} after={{ after }}'\n")
+    (tmp_path / "play.yml").write_text("- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.debug:\n"
+                                       "        msg: 'before={{ before }} after={{ after }}'\n")
     argv = ["-e", "before=plain", "-e", f"@{vaulted}", "-e", "after=plain"]
     args = cli.build_parser().parse_args(["preflight", *argv, "--vault-password-file", str(password)])
     events: list[dict] = []

@@ -451,8 +451,9 @@ def build_wheel(directory, config_settings=None, metadata_directory=None):
     _ran()
     files = {"tinysdist.py": b"BUILT = True\\n", "tinysdist-1.0.dist-info/METADATA": META.encode(),
              "tinysdist-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}
-    record = "".join("%s,sha256=%s,%d\\n" % (p, base64.urlsafe_b64encode(hashlib.sha256(c).digest()).rstrip(b"=").decode(),
-                                           len(c)) for p, c in files.items()) + "tinysdist-1.0.dist-info/RECORD,,\\n"
+    digest = {p: base64.urlsafe_b64encode(hashlib.sha256(c).digest()).rstrip(b"=").decode() for p, c in files.items()}
+    record = "".join("%s,sha256=%s,%d\\n" % (p, digest[p], len(c)) for p, c in files.items())
+    record += "tinysdist-1.0.dist-info/RECORD,,\\n"
     name = "tinysdist-1.0-py3-none-any.whl"
     with zipfile.ZipFile(os.path.join(directory, name), "w") as whl:
         for path, content in files.items():
@@ -483,7 +484,8 @@ def sdist_wheelhouse(tmp_path):
     src = tmp_path / "src" / "tinysdist-1.0"
     src.mkdir(parents=True)
     # No [project] table: uv cannot read the metadata statically, so resolving runs the backend too.
-    (src / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n')
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n')
     (src / "backend.py").write_text(BACKEND)
     with tarfile.open(house / "tinysdist-1.0.tar.gz", "w:gz") as tar:
         tar.add(src, arcname="tinysdist-1.0")
@@ -561,7 +563,8 @@ def test_without_the_options_uv_runs_the_sdists_backend(tmp_path, sdist_wheelhou
 
 
 @pytest.mark.parametrize("names, refused", [
-    ([":all:"], [":all:"]), (["ok", "two words"], ["two words"]), (["-flag"], ["-flag"]), (["x\n--no-index"], None), (["tinysdist\n"], None),
+    ([":all:"], [":all:"]), (["ok", "two words"], ["two words"]), (["-flag"], ["-flag"]),
+    (["x\n--no-index"], None), (["tinysdist\n"], None),
     (["tinysdist", "a.b_c-1", "X"], []),
 ])
 def test_only_package_names_may_be_allowed_to_build(names, refused):
