@@ -20,7 +20,7 @@ description:
   - Before that, the file must have the ELF header of a GPU core dump (ELF64, little-endian,
     OS/ABI C(0x33), type C(ET_CORE), machine C(EM_CUDA), a 64-byte header); any other file fails
     the task and C(cuda-gdb) never sees it.
-  - C(cuda-gdb) runs sandboxed, since the dump was written by the serving user: a private
+  - C(cuda-gdb) runs sandboxed, since the dump was written by the serving user, with a private
     environment (C(PATH), C(HOME), C(LC_ALL) only, none of the controller's credentials), a
     private working directory, limits on CPU time (O(timeout)), memory (4 GiB beside twice the
     dump), file size and open files, no core file, its own process group (killed whole on

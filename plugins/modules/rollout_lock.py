@@ -36,8 +36,8 @@ options:
     default: present
   holder:
     description:
-      - The id of this run, unique per run; 1 to 128 letters, digits and C(. _ : @ + -), beginning with
-        a letter or digit (it names a temporary file beside the lease).
+      - The id of this run, unique per run; 1 to 128 letters, digits and the characters C(._:@+-),
+        beginning with a letter or digit (it names a temporary file beside the lease).
     type: str
     required: true
   ttl:
