@@ -300,7 +300,8 @@ def wedge_mid_soak(soak_node: SoakNode, state_dir: str, then=None) -> tuple[thre
     injected = {}
 
     def inject():
-        wait_for_progress(soak_node, state_dir, 3)
+        # The playbook starts the soak first: on a loaded machine that alone has taken most of a minute.
+        wait_for_progress(soak_node, state_dir, 3, timeout=120)
         injected["t"] = time.time()
         soak_node.sh(f"systemctl kill -s SIGUSR1 {UNIT}")
         if then:
@@ -318,7 +319,8 @@ def test_a_wedge_injected_mid_soak_fails_as_a_wedge(soak_node, record_property):
     run, state_dir, started, ended = soak_node.soak("good", "wedge", duration_s=60, min_duration_s=30)
     injector.join(10)
 
-    assert run.rc != 0 and "wedged" in run.output
+    assert "t" in injected, "the wedge was never injected: the soak did not reach 3 s in time"
+    assert run.rc != 0 and "wedged" in run.output, run.output[-3000:]
     verdict = soak_node.read_json(f"{state_dir}/verdict.json")
     assert verdict["stopped"] == "wedge" and verdict["crashes"] == []
     [wedge] = verdict["wedges"]
@@ -376,7 +378,7 @@ def test_clients_that_time_out_and_retry_do_not_hide_a_wedge(soak_node):
     before, during = seen["before"], seen.get("during")
     assert during is not None, f"prompt tokens and requests in flight never rose after the wedge: {before}"
     assert during.generation_tokens == before.generation_tokens and during.finished == before.finished
-    assert run.rc != 0 and "wedged" in run.output
+    assert run.rc != 0 and "wedged" in run.output, run.output[-3000:]
     verdict = soak_node.read_json(f"{state_dir}/verdict.json")
     assert verdict["passed"] is False and verdict["stopped"] == "wedge" and verdict["crashes"] == []
     assert "wedge" in verdict["reasons"][0]
