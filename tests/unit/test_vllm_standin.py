@@ -407,7 +407,7 @@ def test_config_file_as_the_real_parser_reads_it(standin, tmp_path):
     (["--max-model-len", "1.5K"], "Decimals are not allowed with binary suffixes like K"),
     (["--disable-log-requests"], "unrecognized arguments: --disable-log-requests"),
     (["--swap-space", "4"], "unrecognized arguments: --swap-space"),
-    (["--moe-backend", "marlin"], "argument --moe-backend: invalid choice: 'marlin'"),
+    (["--moe-backend", "fastest"], "argument --moe-backend: invalid choice: 'fastest'"),
     (["--no-disable-log-stats"], "unrecognized arguments: --no-disable-log-stats"),
 ])
 def test_flags_real_0_25_1_refuses(standin, capsys, argv, error):
