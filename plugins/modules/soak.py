@@ -23,8 +23,9 @@ description:
   - "Crash: NRestarts went up, MainPID changed, the unit left C(active), C(/health) answered
     503 or refused the connection, or a journal line matched O(journal_patterns). The soak
     stops at the first crash (fail fast) and keeps the CUDA error line as evidence."
-  - "Wedge: requests in flight and no progress (generated tokens and finished requests both
-    flat) for O(wedge_window_s) while C(/health) says 200, or C(/health) and C(/metrics) not
+  - "Wedge: requests in flight and no progress (generated tokens and requests finished with
+    C(stop), C(length) or C(repetition) both flat; a request finished with C(error) or C(abort)
+    is no progress) for O(wedge_window_s) while C(/health) says 200, or C(/health) and C(/metrics) not
     answering at all. Arriving requests are not progress: prompt tokens counted on arrival
     and clients that time out and retry move while a wedged engine generates nothing; in
     flight rising meanwhile is part of the evidence."
