@@ -25,7 +25,8 @@ and exits:
   instance is quiet.
 
 "Progress" is ``vllm_progress.progress_marker``, the soak gate's own notion: generated
-tokens or finished requests. Arriving requests are not progress: prompt tokens counted on
+tokens or requests the engine finished (``vllm_progress.FINISHED_WORK``: a request failed
+with finished_reason "error" or aborted is none). Arriving requests are not progress: prompt tokens counted on
 arrival and a queue fed by clients that time out and retry move while a wedged engine
 generates nothing; in flight rising while generation is flat is part of the wedge evidence.
 """
