@@ -59,11 +59,17 @@ integration: setup
 molecule: setup
 	@molecule test --all
 
-# Opt-in, never part of `make test`: cudnn_facts' and gpu_facts' logic against the real
-# nvidia-cudnn-cu13==9.24.0.43 and nvidia-ml-py from PyPI (pip configuration shut out), in a
-# scratch venv (CHECK_REAL_DIR, default a new temporary directory). No GPU needed.
+# Opt-in, never part of `make test`, no GPU needed (tests/real/check_real.py; as root): the
+# project against the real wheels from PyPI, pip configuration shut out, in scratch venvs under
+# CHECK_REAL_DIR (default a new temporary directory; a venv already holding vllm 0.25.1 there
+# is reused). cudnn_facts and gpu_facts on the real nvidia-cudnn-cu13==9.24.0.43 and
+# nvidia-ml-py; the real vllm==0.25.1 with its dependencies (the wheel checked against its
+# sha256; ~10 GB, ~5 min the first time): scripts/vllm-contract --check, its `vllm bench
+# serve` run by the soak's own code against the stand-in server and compared key by key with
+# the stand-in's bench, every profile's rendered config through its `vllm serve` parser.
+# CHECK_REAL_ARGS='--standin-rev HEAD' takes the stand-in as committed, not the working tree.
 check-real:
-	@python tests/real/check_real.py $(CHECK_REAL_DIR)
+	@python tests/real/check_real.py $(CHECK_REAL_ARGS) $(CHECK_REAL_DIR)
 
 # Opt-in, not part of `make test`: ansible-test sanity (tests/sanity/run.sh) on a copy of
 # the collection as galaxy.yml ships it, each test in its own venv of ansible-test's pinned

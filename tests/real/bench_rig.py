@@ -84,9 +84,15 @@ def run(cmd, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
 
 
-def committed_standin(dest: Path) -> tuple[Path, str]:
-    """The stand-in's source as committed at HEAD, extracted under ``dest``; (src dir, commit)."""
-    commit = run(["git", "-C", ROOT, "rev-parse", "HEAD"], check=True).stdout.strip()
+def standin_source(dest: Path, rev: str | None) -> tuple[Path, str]:
+    """The stand-in's source and a line saying which: as committed at ``rev`` (extracted under
+    ``dest``), or the checkout's working tree for None."""
+    if rev is None:
+        head = run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], check=True).stdout.strip()
+        dirty = run(["git", "-C", ROOT, "status", "--porcelain", "--", STANDIN_PATH], check=True).stdout.strip()
+        state = f"{len(dirty.splitlines())} file(s) changed since" if dirty else "as committed at"
+        return ROOT / STANDIN_PATH / "src", f"working tree ({state} {head})"
+    commit = run(["git", "-C", ROOT, "rev-parse", rev], check=True).stdout.strip()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit, STANDIN_PATH],
                              capture_output=True, check=True).stdout
     shutil.rmtree(dest, ignore_errors=True)
@@ -95,9 +101,9 @@ def committed_standin(dest: Path) -> tuple[Path, str]:
     return dest / STANDIN_PATH / "src", commit
 
 
-def standin_venv(scratch: Path) -> tuple[Path, str]:
-    """A venv with the committed stand-in vllm (``--no-deps``); (venv, commit)."""
-    src, commit = committed_standin(scratch / "standin-src")
+def standin_venv(scratch: Path, rev: str | None = "HEAD") -> tuple[Path, str]:
+    """A venv with the stand-in vllm (``--no-deps``) from standin_source; (venv, which source)."""
+    src, which = standin_source(scratch / "standin-src", rev)
     wheelhouse = scratch / "standin-wheels"
     build_wheelhouse(wheelhouse)
     wheels = [build_vllm_wheel(wheelhouse, source=src), *fetch_pypi_wheels()]
@@ -109,7 +115,7 @@ def standin_venv(scratch: Path) -> tuple[Path, str]:
                 "--no-deps", "--no-index", *[w for w in wheels if w.name.startswith(STANDIN_WHEELS)]], timeout=600)
     if proc.returncode:
         raise SystemExit(f"installing the stand-in into {venv} failed:\n{proc.stdout}\n{proc.stderr}")
-    return venv, commit
+    return venv, which
 
 
 def make_model_dir(real_venv: Path, path: Path) -> Path:
@@ -164,15 +170,22 @@ def standin_server(venv: Path, scratch: Path, model: Path, *, api_key: str = API
                 proc.wait(timeout=10)
 
 
+def soak_config(bench_venv: Path, base_url: str, model: Path | str, state_dir: Path, **overrides) -> SoakConfig:
+    """The soak's configuration for LOAD, as roles/soak_gate gives it: the model path (which
+    names the tokenizer) and the first served name, no --tokenizer; ``overrides`` on top."""
+    settings = {"unit": "vllm@check-real", "state_dir": str(state_dir), "duration_s": 60, "venv": str(bench_venv),
+                "base_url": base_url, "model": str(model), "served_model_name": SERVED_NAME,
+                "concurrency": LOAD["concurrency"], "input_len": LOAD["input_len"], "output_len": LOAD["output_len"],
+                "num_prompts": LOAD["num_prompts"], **overrides}
+    cfg = SoakConfig(**settings)
+    cfg.validate()
+    return cfg
+
+
 def soak_argv(bench_venv: Path, base_url: str, model: Path | str, result_dir: Path, result_file: str,
               *, served_model_name: str = SERVED_NAME) -> list[str]:
-    """The soak's own argv (``bench_command``) for LOAD, as the soak_gate role configures it:
-    the model path (which names the tokenizer) and the first served name."""
-    cfg = SoakConfig(unit="vllm@check-real", state_dir=str(result_dir.parent), duration_s=60, venv=str(bench_venv),
-                     base_url=base_url, model=str(model), served_model_name=served_model_name,
-                     concurrency=LOAD["concurrency"], input_len=LOAD["input_len"], output_len=LOAD["output_len"],
-                     num_prompts=LOAD["num_prompts"])
-    cfg.validate()
+    """The soak's own argv (``bench_command``) for LOAD."""
+    cfg = soak_config(bench_venv, base_url, model, result_dir.parent, served_model_name=served_model_name)
     return bench_command(cfg, LOAD["num_prompts"], LOAD["seed"], str(result_dir), result_file)
 
 

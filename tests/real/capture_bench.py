@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     scratch.chmod(0o755)  # nobody walks through it to its own directories (case e)
-    venv, commit = rig.standin_venv(scratch)
+    venv, commit = rig.standin_venv(scratch, "HEAD")
     model = rig.make_model_dir(real, scratch / "models" / rig.MODEL_NAME)
     private = rig.make_model_dir(real, scratch / "private" / rig.MODEL_NAME)
     private.chmod(0o700)  # root's, unreadable to nobody
