@@ -26,7 +26,7 @@ from typing import NoReturn, TextIO
 
 from . import __version__, junit
 from . import report as html_report
-from .events import collect
+from .events import clean, collect, terminal_text
 from .extravars import ExtraVarsError, parse_extra_vars, vault_files
 from .outcome import EXIT_CODE_HELP, OUTCOMES, Decision, ExitCode, decide, read_reports
 from .progress import ProgressFormatter
@@ -246,15 +246,17 @@ def write_outputs(summary: dict, json_paths: list[Path], junit_paths: list[Path]
 
 
 def _print_result(summary: dict, out: TextIO) -> None:
-    print(f"vllm-fleet {summary['command']}: {summary['outcome']} (exit {summary['exit_code']}): "
-          f"{summary['message']}", file=out)
+    """The result on the operator's terminal: host names and messages are others' text, cleaned."""
+    print(clean(f"vllm-fleet {summary['command']}: {summary['outcome']} (exit {summary['exit_code']}): "
+                f"{summary['message']}"), file=out)
     hosts = summary.get("hosts") or {}
     width = max([len(h) for h in hosts] + [4])
     for host, info in hosts.items():
         first = next((line for line in (info.get("message") or "").splitlines() if line.strip()), "")
         verdicts = "".join(f" {key}={info[f'{key}_verdict']}" for key in ("preflight", "soak")
                            if info.get(f"{key}_verdict"))
-        print(f"  {host:<{width}} {info['status']:<12}{verdicts} {first[:160]}".rstrip(), file=out)
+        print(terminal_text.one_line(f"  {host:<{width}} {info['status']:<12}{verdicts} {first[:160]}").rstrip(),
+              file=out)
     if summary.get("artifacts"):
         print(f"  artifacts: {summary['artifacts']}", file=out)
     if summary.get("report_html"):

@@ -545,6 +545,18 @@ def test_progress_lines_carry_no_escape_sequence_nor_control(tmp_path):
     assert lines[1].strip() == "forged line\\x07\\udc80 end"
 
 
+def test_the_result_lines_carry_no_escape_sequence_nor_control():
+    import re
+    out = io.StringIO()
+    cli._print_result(summary_for({f"n1{HOSTILE}": host("failed", f"boom {HOSTILE}\r\x1b[2Kforged")},
+                                  "failed", 1, f"run {HOSTILE}\nsecond line"), out)
+    text = out.getvalue()
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]", text), ascii(text)
+    assert "run \\udc80" in text and "\nsecond line\n" in text
+    [line] = [line for line in text.splitlines() if line.startswith("  n1")]
+    assert line.endswith("boom \\udc80 \\ud800x    \\x00 \ufffe")  # the CR ends the first line
+
+
 def test_progress_lines_keep_plain_text_and_strip_colours():  # negative control
     event = {"event": "runner_on_failed", "created": "2026-12-02T15:00:00+00:00",
              "event_data": {"host": "lb01", "task": "Take the lock",
