@@ -260,6 +260,26 @@ def test_a_soak_whose_load_is_refused_fails_as_load_not_delivered_unauthorised(s
     assert soak_node.sh(f"ls -A {SCRATCH}") == ""
 
 
+def test_a_tokenizer_the_probe_user_cannot_read_fails_before_any_load(soak_node):
+    """The soak checks, as the probe user, that the bench can read its tokenizer (the model path)
+    before it starts any load: a model directory only root may enter fails at once, by name."""
+    soak_node.serve("good")
+    mode = soak_node.sh(f"stat -c %a {MODEL}").strip()
+    soak_node.sh(f"chmod 700 {MODEL}")
+    try:
+        run, state_dir, _, _ = soak_node.soak("good", "no-tokenizer", duration_s=60, min_duration_s=10,
+                                              **AS_PROBE_USER)
+    finally:
+        soak_node.sh(f"chmod {mode} {MODEL}")
+    assert run.rc != 0 and "Load not delivered: no tokenizer" in run.output, run.output[-3000:]
+    verdict = soak_node.read_json(f"{state_dir}/verdict.json")
+    assert verdict["stopped"] == "load_error" and verdict["duration_s"] == 0 and verdict["monitor"]["samples"] == 0
+    assert verdict["load"]["proof"]["cause"] == "no_tokenizer"
+    assert f"loads its tokenizer from {MODEL} and user nobody cannot read it" in verdict["reasons"][0]
+    assert "Permission denied" in verdict["reasons"][0]
+    assert soak_node.sh(f"ls -A {state_dir}").split() == ["progress.jsonl", "verdict.json"]  # no bench ran
+
+
 def test_the_crashing_cudnn_fails_at_the_first_crash_with_the_cuda_line(soak_node, record_property):
     # Seed 19 draws the crash at batch 340 (of mean 300): ~6 s into the load at 18 ms a step.
     soak_node.serve("bad", VLLM_STANDIN_MEAN_STEPS_TO_CRASH="300", VLLM_STANDIN_SEED="19")
