@@ -1,8 +1,11 @@
 """The stand-in vLLM 0.25.1 (tests/fixtures/vllm_standin): the server, CLI, bench and fault
-model that every rollout test runs as the real vLLM.
+model that every rollout test runs as the real vLLM, held to the real one (its README names
+the real source of each behaviour; the bench is compared with the real client's captures
+in tests/fixtures/vllm_bench_real).
 
-Servers run as subprocesses on a free loopback port, against the fake NVML and the
-stand-in torch + nvidia-cudnn-cu13 wheels, with the simulated rates scaled up.
+Servers run as subprocesses (an API server and its EngineCore child) on a free loopback
+port, against the fake NVML and the stand-in torch + nvidia-cudnn-cu13 wheels, with the
+simulated rates scaled up.
 """
 
 from __future__ import annotations
