@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pwd
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -80,10 +81,15 @@ def test_the_soak_load_runs_as_the_user_and_can_write_its_results(as_root, tmp_p
         started.append(kwargs)
         return subprocess.Popen(["true"])
 
-    cfg = SoakConfig(unit="u", state_dir=str(tmp_path / "s"), duration_s=10, venv="/x", run_as="prober")
-    soak_bench.BenchLoad(cfg, cfg.state_dir, popen=popen).start()
+    cfg = SoakConfig(unit="u", state_dir=str(tmp_path / "s"), duration_s=10, venv="/x", run_as="prober",
+                     scratch_dir=str(tmp_path / "scratch"))
+    load = soak_bench.BenchLoad(cfg, cfg.state_dir, popen=popen)
+    load.start()
     assert (started[0]["user"], started[0]["group"], started[0]["extra_groups"]) == (4242, 4343, [])
-    assert chowned == [(str(tmp_path / "s" / "bench"), 4242, 4343)]
+    # The bench writes only in its own scratch directory, outside the release (never state_dir).
+    assert chowned == [(load.scratch, 4242, 4343)]
+    assert Path(cfg.state_dir) not in Path(load.scratch).parents
+    load.close()
 
 
 def test_a_soak_user_that_does_not_exist_is_refused_by_the_config(as_root, tmp_path):
