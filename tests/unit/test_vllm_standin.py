@@ -556,8 +556,11 @@ def test_bench_without_a_tokenizer_it_can_read_fails_like_the_real_one(healthy, 
         site.chmod(0o755)
         request.addfinalizer(lambda: shutil.rmtree(site))
         model = site / "private" / "qwen3.6-35b-a3b-fp8"
-        write_tokenizer(str(model), mode=0o600)  # the owner's alone
+        write_tokenizer(str(model), mode=0o600)  # the owner's alone: root runs the bench as nobody
         (site / "private").chmod(0o755)
+        if os.geteuid() != 0:  # not root: the directory is closed to its owner too
+            model.chmod(0)
+            request.addfinalizer(lambda: model.chmod(0o700))
         captured = "e_unreadable_tokenizer"
     before = healthy.metrics()["vllm:prompt_tokens_total"]
     cmd = [sys.executable, "-m", "vllm.cli", "bench", "serve", "--base-url", healthy.url, "--model", str(model),
