@@ -562,8 +562,8 @@ def test_module_runs_cuda_gdb_on_a_dump(module_results):
                     "toolkit's cuda-gdb .* format: cuda_gdb_output"),
     ("truncated", "the saved cuda-gdb output could not be triaged: truncated output: it ends mid-line"),
     ("garbage_auto", "neither a GPU core dump \\(an ELF file with OS/ABI 0x33\\) nor a saved cuda-gdb output"),
-    ("garbage_as_core", "cuda-gdb \\(.*cuda-gdb, exit status 1\\) could not be triaged: no CUDA exception found.*"
-                        "cuda-gdb printed: .*is not a CUDA GPU core dump"),
+    # Refused before cuda-gdb sees it (a text file was once triaged as the cuDNN kernel).
+    ("garbage_as_core", "garbage.bin is not a CUDA GPU core dump \\(not an ELF file .*\\): cuda-gdb was not run on it"),
     ("missing", "nothing-here is not a file"),
 ])
 def test_module_failures_are_clear(module_results, case, expected):
