@@ -85,9 +85,12 @@ def mirror(fleet):
     for seed, revision in enumerate(("r1", "r2", "r4")):
         make_model(root / NAME / revision, seed)
     # r2's weights changed after its SHA256SUMS was written: what a bad sync or a disk error leaves.
+    # Its last byte flipped in place (the same size: only the sha256 can tell).
     with open(root / NAME / "r2" / "model.safetensors", "r+b") as handle:
         handle.seek(-1, os.SEEK_END)
-        handle.write(b"\x00" if handle.read(1) != b"\x00" else b"\x01")
+        last = handle.read(1)
+        handle.seek(-1, os.SEEK_END)
+        handle.write(b"\x00" if last != b"\x00" else b"\x01")
     served = Mirror(root)
     yield served
     served.server.shutdown()
