@@ -1169,3 +1169,27 @@ def test_a_hub_endpoint_must_be_https_without_credentials(endpoint, words):
     for word in words:
         assert word in str(err.value)
     assert "hubpass" not in str(err.value)
+
+
+def test_a_sha256sums_over_its_cap_is_refused_unread(models_dir, mirror):
+    make_model(mirror, shard_bytes=16)
+    sums = mirror / "m" / "r1" / "SHA256SUMS"
+    sums.write_text(sums.read_text() + "#" * (2 << 20) + "\n")  # a comment sha256sum would skip
+    with pytest.raises(WeightsError) as err:
+        stage(str(models_dir), "m", "r1", MirrorSource(str(mirror), "m", "r1"))
+    assert str(err.value) == f"{sums} is over 1048576 bytes: refused"
+    assert_nothing_left(models_dir)
+
+
+@needs_hub
+def test_a_hub_file_without_a_size_is_refused(models_dir, monkeypatch):
+    with FakeHub("org/m", COMMIT, HUB_FILES, lfs=LFS) as hub:
+        listed = hub.info()
+        del listed["siblings"][0]["size"]  # config.json, a git file: its size is the sibling's
+        monkeypatch.setattr(hub, "info", lambda: listed)
+        with pytest.raises(WeightsError) as err:
+            stage(str(models_dir), "m", COMMIT, HubSource("org/m", COMMIT, endpoint=hub.url, allow_http=True))
+        assert not any("/resolve/" in path for _, path, _ in hub.requests)
+    assert str(err.value) == (f"the Hub gave no size for config.json of {hub.url}/org/m@{COMMIT}: a file of unknown"
+                              " size is not downloaded")
+    assert_nothing_left(models_dir)
