@@ -19,7 +19,11 @@ Opt-in (it downloads from PyPI, ~10 GB; never part of `make test`). In a scratch
    ``bench_command``) against the stand-in server (tests/real/bench_rig.py); the soak's parser
    (``BenchLoad.poll``, ``bench_summary``, ``aggregate_bench``) reads the real result file;
 8. the stand-in's own bench, run the same way, compared with the real one key by key, with and
-   without ``--save-detailed``;
+   without ``--save-detailed``; then the real bench made to deliver no load (a wrong key, a
+   model name not served, nothing listening, no tokenizer, a tokenizer nobody cannot read): the
+   soak's diagnosis must name each cause, and its check_tokenizer must pass the readable model
+   directory and refuse the 0700 one. The bench runs as nobody, the soak's run_as (bench_rig's
+   as_nobody: /root, 0700 here, holds the venvs' Python);
 9. every shipped profile (profiles/*.yml) rendered by serve_config.build with the role
    arguments of roles/vllm_service/tasks/profile.yml, and the file given to the real
    ``vllm serve`` argument parser (``vllm.entrypoints.cli.main`` with its ``serve`` dispatch
@@ -34,6 +38,7 @@ the stand-in is the checkout's working tree unless ``--standin-rev`` names a com
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -56,6 +61,7 @@ from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_bench import
     BENCH_SUMMARY_KEYS,
     BenchLoad,
     aggregate_bench,
+    check_tokenizer,
     log_tail,
 )
 
@@ -216,10 +222,10 @@ def nobody_popen(needs: list[Path]):
     return popen
 
 
-def bench_once(cfg, state_dir: Path, needs: list[Path]) -> tuple[dict | None, dict | None, str]:
+def bench_once(cfg, state_dir: Path, needs: list[Path]) -> tuple[dict | None, dict | None, list[dict]]:
     """One run of the soak's BenchLoad, as the soak runs it (run_as nobody, its scratch
     directory): (the result file as the bench wrote it, what the soak's parser made of it, the
-    soak's diagnosis of a run that completed nothing)."""
+    soak's diagnosis of a run that completed nothing: BenchLoad.failures)."""
     load = BenchLoad(cfg, str(state_dir), popen=nobody_popen(needs))
     try:
         load.start()
@@ -227,12 +233,24 @@ def bench_once(cfg, state_dir: Path, needs: list[Path]) -> tuple[dict | None, di
         while load.proc is not None and load.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         if load.proc is not None and load.proc.poll() is None:
-            return None, None, f"no result in {BENCH_TIMEOUT_S} s; last output: {log_tail(load.log('run-001'))}"
+            return None, None, [{"cause": "timeout", "message": f"no result in {BENCH_TIMEOUT_S} s; last output: "
+                                                                f"{log_tail(load.log('run-001'))}"}]
         raw = rig.read_result(Path(load.scratch) / "run-001.raw.json") if load.scratch else None
         summary = load.poll()  # reads the file and removes it
-        return raw, summary, "; ".join(f["message"] for f in load.failures)
+        return raw, summary, load.failures
     finally:
         load.close()
+
+
+def nobody_run(needs: list[Path]):
+    """subprocess.run for the soak's check_tokenizer, as nobody the same way."""
+    def run_as_nobody(cmd, *, user=None, group=None, extra_groups=None, **kwargs):  # noqa: ARG001
+        return subprocess.run(rig.as_nobody(cmd, needs), **kwargs)
+    return run_as_nobody
+
+
+def messages(failures: list[dict]) -> str:
+    return "; ".join(f["message"] for f in failures) or "no failure recorded"
 
 
 def json_type(value) -> str:
@@ -311,6 +329,122 @@ def serve_parser_probe(venv: Path, files: list[Path]) -> dict:
     return json.loads(marker[0][len("PROBE "):])
 
 
+# --------------------------------------------------------------------------- the checks
+
+def bench_checks(check, scratch: Path, vllm: Path, standin: Path) -> None:
+    """The real bench through the soak's own code against the stand-in server: its result read by
+    the soak's parser, compared key by key with the stand-in bench's, and each way it can deliver
+    no load diagnosed by the soak."""
+    model = rig.make_model_dir(vllm, scratch / "models" / rig.MODEL_NAME)
+    private = rig.make_model_dir(vllm, scratch / "private" / rig.MODEL_NAME)
+    private.chmod(0o700)  # root's: the probe user cannot read it
+    soak_scratch = scratch / "soak-scratch"  # the soak's scratch_dir: root's, 0711
+    shutil.rmtree(soak_scratch, ignore_errors=True)
+    # What the soak must say when the real bench delivers no load (soak_bench.diagnose):
+    # (what is wrong, the soak's settings that differ, the cause it must give).
+    broken = (("a wrong API key", {"api_key": "sk-wrong-key-0000"}, "unauthorized"),
+              ("a model name the server does not serve", {"served_model_name": "no-such-model"}, "wrong_model"),
+              ("nothing listening", {"base_url": f"http://127.0.0.1:{rig.free_port()}"}, "could_not_connect"),
+              ("no tokenizer at the model path", {"model": str(scratch / "missing" / rig.MODEL_NAME)},
+               "no_tokenizer"),
+              ("a model directory the probe user cannot read", {"model": str(private)}, "no_tokenizer"))
+    results, diagnosed = {}, []
+    with rig.standin_server(standin, scratch, model) as url:
+        def soak(venv: Path, name: str, **overrides) -> tuple:
+            state = scratch / "soak" / name
+            shutil.rmtree(state, ignore_errors=True)
+            settings = {"base_url": url, "model": model, "api_key": rig.API_KEY, "run_as": "nobody",
+                        "scratch_dir": str(soak_scratch), **overrides}
+            cfg = rig.soak_config(venv, settings.pop("base_url"), settings.pop("model"), state, **settings)
+            return cfg, bench_once(cfg, state, [venv, rig.python_home(venv), model, private, soak_scratch])
+
+        for client, venv in (("real", vllm), ("stand-in", standin)):
+            for label, extra in (("plain", ()), ("detailed", ("--save-detailed",))):
+                results[client, label] = soak(venv, f"{client}-{label}", bench_args=list(extra))[1]
+        for i, (label, overrides, cause) in enumerate(broken):
+            diagnosed.append((label, cause, *soak(vllm, f"broken-{i}", **overrides)))
+
+    raw, summary, failures = results["real", "plain"]
+    n = rig.LOAD["num_prompts"]
+    check(summary is not None and summary.get("completed") == n and summary.get("failed") == 0,
+          "real vllm bench serve, the soak's argv by BenchLoad as nobody: "
+          + (f"completed {summary.get('completed')}/{n}, failed {summary.get('failed')}, "
+             f"{summary.get('total_token_throughput', 0):.0f} tokens/s" if summary else
+             f"no result: {messages(failures)}"))
+    if raw is not None and summary is not None:
+        missing = [k for k in BENCH_SUMMARY_KEYS if k not in raw]
+        agg = aggregate_bench([summary])
+        check(not missing and agg is not None and agg["completed"] == n and agg["total_output_tokens"] > 0,
+              f"the soak's parser on the real file: bench_summary kept {len(summary) - 1} keys"
+              + (f", MISSING {missing}" if missing else "")
+              + (f"; aggregate_bench: runs {agg['runs']}, completed {agg['completed']}, "
+                 f"{agg['total_token_throughput']:.0f} tokens/s" if agg else "; aggregate_bench: None"))
+    for label in ("plain", "detailed"):
+        real_raw, standin_raw = results["real", label][0], results["stand-in", label][0]
+        if real_raw is None or standin_raw is None:
+            client = "real" if real_raw is None else "stand-in"
+            check(False, f"bench keys ({label}): no result from the {client} bench: "
+                         f"{messages(results[client, label][2])}")
+            continue
+        diffs = compare_keys(real_raw, standin_raw)
+        check(not diffs, f"bench keys ({label}{', --save-detailed' if label == 'detailed' else ''}): "
+                         f"the stand-in's {len(standin_raw)} against the real {len(real_raw)}"
+                         + ("; the same keys and types" if not diffs else ": " + "; ".join(diffs)))
+    plain, detailed = results["real", "plain"][0], results["real", "detailed"][0]
+    if plain is not None and detailed is not None:  # the comparison can tell two real files apart
+        diffs = compare_keys(detailed, plain)
+        check(bool(diffs), f"negative control: the key comparison of the real --save-detailed file against the "
+                           f"real plain one reports {'; '.join(diffs) or 'nothing'}")
+
+    for label, cause, _, (_, summary, failures) in diagnosed:
+        causes = [f["cause"] for f in failures]
+        check(summary is None and causes == [cause],
+              f"the soak's diagnosis of the real bench with {label}: {causes or 'none'} (wanted [{cause!r}]): "
+              f"{messages(failures)[:400]}")
+    # Before any load the soak asks, as the probe user, whether the tokenizer can be read.
+    cfg = diagnosed[-1][2]
+    python = [Path(sys.prefix), rig.python_home(Path(sys.prefix))]
+    unreadable = check_tokenizer(cfg, run=nobody_run([*python, private]))
+    readable = check_tokenizer(dataclasses.replace(cfg, model=str(model)), run=nobody_run([*python, model]))
+    check(readable is None and unreadable is not None and unreadable["cause"] == "no_tokenizer",
+          f"the soak's check_tokenizer as nobody: the readable model directory "
+          f"{'passes' if readable is None else 'FAILS: ' + readable['message']}; the 0700 one: "
+          f"{unreadable['message'][:300] if unreadable else 'PASSES'}")
+
+
+def profile_checks(check, scratch: Path, vllm: Path) -> None:
+    """Every shipped profile, rendered as the role renders it, through the real `vllm serve` parser."""
+    schema = yaml.safe_load((ROOT / "catalogue" / "vllm_serve_args.yml").read_text())
+    extra = role_args()
+    configs = {}
+    for path in sorted((ROOT / "profiles").glob("*.yml")):
+        built = build(schema, yaml.safe_load(path.read_text()), role_args=extra, models_dir="/opt/vllm-fleet/models",
+                      header=f"check-real: {path.name} for instance {INSTANCE['name']}")
+        target = scratch / "configs" / f"{path.stem}.yaml"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(built["content"])
+        configs[str(target)] = (path, built["config"])
+    bad_path, (_, bad_base) = next(iter(configs.items()))
+    bad = {**bad_base, NOT_A_FLAG[0]: NOT_A_FLAG[1]}
+    bad_file = scratch / "configs" / "negative-control.yaml"
+    bad_file.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in bad.items()))
+    probes = serve_parser_probe(vllm, [*configs, bad_file])
+    for target, (path, config) in configs.items():
+        problems = check_parsed(config, probes[target])
+        check(not problems, f"profile {path.name} (rendered by serve_config.build, role_args {extra}): "
+              + (f"the real vllm serve parser gives all {len(config)} values as meant; argv after the config: "
+                 f"{' '.join(probes[target]['argv'])}" if not problems else "; ".join(problems)))
+    target, (path, config) = next(iter(configs.items()))
+    wrong = {**config, "max-model-len": config.get("max-model-len", 0) + 1}
+    problems = check_parsed(wrong, probes[target])
+    check(bool(problems), f"negative control: {path.name} compared as if it meant max-model-len "
+                          f"{wrong['max-model-len']}: {'; '.join(problems) or 'no difference reported'}")
+    refused = probes[str(bad_file)]
+    check(refused["status"] == 2 and f"--{NOT_A_FLAG[0]}" in refused["stderr"],
+          f"negative control: {Path(bad_path).stem} plus {NOT_A_FLAG[0]}: {NOT_A_FLAG[1]}: the real parser exited "
+          f"{refused['status']}: {refused['stderr'].strip().splitlines()[-1:] or '(nothing on stderr)'}")
+
+
 # --------------------------------------------------------------------------- main
 
 def main(argv: list[str]) -> int:
@@ -366,83 +500,10 @@ def main(argv: list[str]) -> int:
     check(versions["vllm"] == VLLM_VERSION, f"real vllm venv: {how}; {versions}")
     check(*check_contract(vllm, scratch))
 
-    # --- the real bench, through the soak's own code, against the stand-in server
     standin, which = rig.standin_venv(scratch, args.standin_rev)
     print(f"stand-in: {which}", flush=True)
-    model = rig.make_model_dir(vllm, scratch / "models" / rig.MODEL_NAME)
-    results = {}
-    soak_scratch = scratch / "soak-scratch"  # the soak's scratch_dir: root's, 0711
-    shutil.rmtree(soak_scratch, ignore_errors=True)
-    with rig.standin_server(standin, scratch, model) as url:
-        for client, venv in (("real", vllm), ("stand-in", standin)):
-            for label, extra in (("plain", ()), ("detailed", ("--save-detailed",))):
-                state = scratch / "soak" / f"{client}-{label}"
-                shutil.rmtree(state, ignore_errors=True)
-                cfg = rig.soak_config(venv, url, model, state, bench_args=list(extra), api_key=rig.API_KEY,
-                                      run_as="nobody", scratch_dir=str(soak_scratch))
-                needs = [venv, rig.python_home(venv), model, soak_scratch]
-                results[client, label] = bench_once(cfg, state, needs)
-    raw, summary, error = results["real", "plain"]
-    n = rig.LOAD["num_prompts"]
-    check(summary is not None and summary.get("completed") == n and summary.get("failed") == 0,
-          f"real vllm bench serve, the soak's argv by BenchLoad as nobody: "
-          + (f"completed {summary.get('completed')}/{n}, failed {summary.get('failed')}, "
-             f"{summary.get('total_token_throughput', 0):.0f} tokens/s" if summary else f"no result: {error}"))
-    if raw is not None and summary is not None:
-        missing = [k for k in BENCH_SUMMARY_KEYS if k not in raw]
-        agg = aggregate_bench([summary])
-        check(not missing and agg is not None and agg["completed"] == n and agg["total_output_tokens"] > 0,
-              f"the soak's parser on the real file: bench_summary kept {len(summary) - 1} keys"
-              + (f", MISSING {missing}" if missing else "")
-              + (f"; aggregate_bench: runs {agg['runs']}, completed {agg['completed']}, "
-                 f"{agg['total_token_throughput']:.0f} tokens/s" if agg else "; aggregate_bench: None"))
-    for label in ("plain", "detailed"):
-        real_raw, standin_raw = results["real", label][0], results["stand-in", label][0]
-        if real_raw is None or standin_raw is None:
-            check(False, f"bench keys ({label}): no result from the "
-                         f"{'real bench' if real_raw is None else 'stand-in bench'}: "
-                         f"{results['real' if real_raw is None else 'stand-in', label][2]}")
-            continue
-        diffs = compare_keys(real_raw, standin_raw)
-        check(not diffs, f"bench keys ({label}{', --save-detailed' if label == 'detailed' else ''}): "
-                         f"the stand-in's {len(standin_raw)} against the real {len(real_raw)}"
-                         + ("; the same keys and types" if not diffs else ": " + "; ".join(diffs)))
-    plain, detailed = results["real", "plain"][0], results["real", "detailed"][0]
-    if plain is not None and detailed is not None:  # the comparison can tell two real files apart
-        diffs = compare_keys(detailed, plain)
-        check(bool(diffs), f"negative control: the key comparison of the real --save-detailed file against the "
-                           f"real plain one reports {'; '.join(diffs) or 'nothing'}")
-
-    # --- every shipped profile through the real `vllm serve` parser
-    schema = yaml.safe_load((ROOT / "catalogue" / "vllm_serve_args.yml").read_text())
-    extra = role_args()
-    configs = {}
-    for path in sorted((ROOT / "profiles").glob("*.yml")):
-        built = build(schema, yaml.safe_load(path.read_text()), role_args=extra, models_dir="/opt/vllm-fleet/models",
-                      header=f"check-real: {path.name} for instance {INSTANCE['name']}")
-        target = scratch / "configs" / f"{path.stem}.yaml"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(built["content"])
-        configs[str(target)] = (path, built["config"])
-    bad_path, (_, bad_base) = next(iter(configs.items()))
-    bad = {**bad_base, NOT_A_FLAG[0]: NOT_A_FLAG[1]}
-    bad_file = scratch / "configs" / "negative-control.yaml"
-    bad_file.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in bad.items()))
-    probes = serve_parser_probe(vllm, [*configs, bad_file])
-    for target, (path, config) in configs.items():
-        problems = check_parsed(config, probes[target])
-        check(not problems, f"profile {path.name} (rendered by serve_config.build, role_args {extra}): "
-              + (f"the real vllm serve parser gives all {len(config)} values as meant; argv after the config: "
-                 f"{' '.join(probes[target]['argv'])}" if not problems else "; ".join(problems)))
-    target, (path, config) = next(iter(configs.items()))
-    wrong = {**config, "max-model-len": config.get("max-model-len", 0) + 1}
-    problems = check_parsed(wrong, probes[target])
-    check(bool(problems), f"negative control: {path.name} compared as if it meant max-model-len "
-                          f"{wrong['max-model-len']}: {'; '.join(problems) or 'no difference reported'}")
-    refused = probes[str(bad_file)]
-    check(refused["status"] == 2 and f"--{NOT_A_FLAG[0]}" in refused["stderr"],
-          f"negative control: {Path(bad_path).stem} plus {NOT_A_FLAG[0]}: {NOT_A_FLAG[1]}: the real parser exited "
-          f"{refused['status']}: {refused['stderr'].strip().splitlines()[-1:] or '(nothing on stderr)'}")
+    bench_checks(check, scratch, vllm, standin)
+    profile_checks(check, scratch, vllm)
 
     print(f"check-real: {'FAILED' if failures else 'passed'} ({scratch})")
     return 1 if failures else 0
