@@ -64,7 +64,7 @@ molecule: setup
 # CHECK_REAL_DIR (default a new temporary directory; a venv already holding vllm 0.25.1 there
 # is reused). cudnn_facts and gpu_facts on the real nvidia-cudnn-cu13==9.24.0.43 and
 # nvidia-ml-py; the real vllm==0.25.1 with its dependencies (the wheel checked against its
-# sha256; ~10 GB, ~5 min the first time): scripts/vllm-contract --check, its `vllm bench
+# sha256; ~10 GB, 5 to 12 min the first time): scripts/vllm-contract --check, its `vllm bench
 # serve` run by the soak's own code (as nobody) against the stand-in server, compared key by
 # key with the stand-in's bench and made to fail each way the soak must diagnose, every
 # profile's rendered config through its `vllm serve` parser. ~3.5 min once the venv exists.
