@@ -24,12 +24,12 @@ description:
     run before the re-hash, which so also sees what they changed.
   - The version probe runs C(<path>/bin/python -I), which imports vllm (and so torch) as the server
     does and reads C(vllm.__version__), the installed dist's version (C(importlib.metadata)) and the
-    file imported, which must lie in the release. Not C(vllm --version): in vLLM 0.25.1 it builds
-    C(serve)'s parser first, whose EngineArgs defaults raise "Failed to infer device type" unless
-    NVML finds a GPU (vllm/entrypoints/cli/main.py lines 85-90, vllm/config/device.py lines 49-59,
-    vllm/platforms/__init__.py lines 59-107). It fails on a CPU machine (run) and on a GPU node
-    whose driver is not loaded or whose device nodes the probe user may not open (read from the
-    source); on a GPU node with a loaded driver it works.
+    file imported, which must lie in the release. Not C(vllm --version), because in vLLM 0.25.1 it
+    builds C(serve)'s parser first, whose EngineArgs defaults raise "Failed to infer device type"
+    unless NVML finds a GPU (vllm/entrypoints/cli/main.py lines 85-90, vllm/config/device.py lines
+    49-59, vllm/platforms/__init__.py lines 59-107). It fails on a CPU machine (run) and on a GPU
+    node whose driver is not loaded or whose device nodes the probe user may not open (read from
+    the source); on a GPU node with a loaded driver it works.
 options:
   path:
     description:
