@@ -31,6 +31,7 @@ UNIT1 = "vllm@gpu1.service"
 PORT = 18100  # host network: apart from other tests' nodes and the Molecule scenario (18300)
 PORT1 = 18101
 KEY = "integration-test-key-7d41e0c2b9f3"
+RETIRING = "integration-retiring-key-5e20a9d4c1"  # a rotation's window: still accepted beside KEY
 RELEASE_A = {"vllm": "0.25.1", "torch": "2.11.0", "cudnn_package": "nvidia-cudnn-cu13", "cudnn": "9.24.0.43"}
 RELEASE_B = {**RELEASE_A, "cudnn": "9.19.0.56"}  # the pre-fix release: the cuDNN blocker on sm_120
 ID_A = "vllm-0.25.1_nvidia-cudnn-cu13-9.24.0.43"
@@ -403,6 +404,28 @@ def test_a_stop_drains_the_request_in_flight_and_shutdown_timeout_0_cuts_it(serv
     assert completes() and completes(PORT1)
 
 
+def test_a_rotation_window_puts_the_keys_in_the_config_and_none_in_the_journal(served):
+    """In a rotation's window the keys are vLLM arguments (api-key in the instance config), and
+    0.25.1 logs every non-default argument at start: the role's logging configuration
+    (logging.json) drops that line and keeps the others. (tests/integration/test_rotation.py does
+    the same across a rollout; tests/unit/test_serve_config.py has the negative control.)"""
+    since = served.sh("date +%s")
+    try:
+        run = served.play("service.yml", vllm_fleet_service_api_key_retiring=[RETIRING])
+        assert run.rc == 0, run.output[-5000:]
+        assert f'api-key: ["{KEY}", "{RETIRING}"]' in served.sh("cat /etc/vllm-fleet/gpu0.yaml").splitlines()
+        assert http("/v1/models")[0] == http("/v1/models", key=RETIRING)[0] == 200
+        journal = served.sh(f"journalctl --no-pager -o cat -u {UNIT} --since @{since}")
+        assert "vLLM server version 0.25.1" in journal  # the instance restarted and logged its start ...
+        assert "non-default args" not in journal  # ... without its arguments
+        fields = served.sh("journalctl --no-pager -o verbose --all")
+        assert [key for key in (KEY, RETIRING) if key in fields] == []
+    finally:
+        restored = served.play("service.yml")
+    assert restored.rc == 0, restored.output[-5000:]
+    assert http("/v1/models", key=RETIRING)[0] == 401
+
+
 def test_prestaging_another_release_does_not_restart_or_move_current(served, prestaged):
     before, after = prestaged
     assert after == before
@@ -554,7 +577,7 @@ def test_the_api_key_is_in_no_journal_entry_and_no_play_output(served):
     # Every field of every entry (_CMDLINE=, systemd's messages about units), blobs in full.
     fields = served.sh("journalctl --no-pager -o verbose --all")
     assert "_CMDLINE=" in fields and "Started vllm@gpu0.service" in journal
-    assert with_key(journal) == [] and with_key(fields) == []
+    assert with_key(journal) == [] and with_key(fields) == [] and RETIRING not in fields
 
     assert {"stage.yml:main", "service.yml:cutover", "service.yml:main", "service.yml:mark_known_good"} <= \
         {label for label, _ in served.runs}
