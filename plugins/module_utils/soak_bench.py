@@ -40,6 +40,9 @@ REFERENCE_INPUT_LEN = 81000
 REFERENCE_OUTPUT_LEN = 256
 
 BENCH_DIR = "bench"
+# A soak proves its load by runs that finished (soak.load_proof): a run lasts at most this
+# fraction of the soak, so that a short soak still sees two finish before it stops the third.
+RUN_SHARE_OF_SOAK = 1 / 3
 THROUGHPUT_KEYS = ("total_token_throughput", "output_throughput", "request_throughput")
 
 # Keys of one `vllm bench serve` result kept in the soak's record (the per-request arrays
@@ -274,6 +277,11 @@ def next_num_prompts(*, concurrency: int, input_len: int, output_len: int, run_s
     return max(floor, math.ceil(rate * run_s))
 
 
+def run_length_s(run_s: float, duration_s: float) -> float:
+    """How long one load run should last: ``run_s``, and at most a third of the soak."""
+    return min(run_s, duration_s * RUN_SHARE_OF_SOAK)
+
+
 def bench_summary(result: dict) -> dict:
     """The keys worth keeping of one run's result (no per-request arrays)."""
     summary = {k: result[k] for k in BENCH_SUMMARY_KEYS if k in result}
@@ -380,7 +388,7 @@ class BenchLoad:
         name = self._current = f"run-{self.index:03d}"
         n = self.cfg.num_prompts or next_num_prompts(
             concurrency=self.cfg.concurrency, input_len=self.cfg.input_len, output_len=self.cfg.output_len,
-            run_s=self.cfg.run_s, last_result=self.results[-1] if self.results else None, baseline=self.cfg.baseline)
+            run_s=run_length_s(self.cfg.run_s, self.cfg.duration_s), last_result=self.results[-1] if self.results else None, baseline=self.cfg.baseline)
         cmd = bench_command(self.cfg, n, self.seed_base + self.index, self.scratch, f"{name}.raw.json")
         log = os.open(os.path.join(self.dir, f"{name}.log"),
                       os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)

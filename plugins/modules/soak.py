@@ -112,11 +112,12 @@ options:
   num_prompts:
     description:
       - Prompts per load run. Omitted, each run is sized from the last run's request rate
-        (else the baseline's) to last about O(run_s), and never fewer than
-        2 x O(concurrency).
+        (else the baseline's) to last about O(run_s), at most a third of O(duration_s) (so that
+        runs finish within the soak: a soak proves its load by finished runs), and never fewer
+        than 2 x O(concurrency).
     type: int
   run_s:
-    description: Target length of one load run, in seconds, when O(num_prompts) is omitted.
+    description: Target length of one load run, in seconds, when O(num_prompts) is omitted; at most a third of O(duration_s) is used.
     type: float
     default: 60
   bench_args:

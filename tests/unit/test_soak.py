@@ -415,6 +415,30 @@ def test_load_runs_are_sized_to_the_run_length():
                                  last_result={"request_throughput": 3.2}) == 192
 
 
+def test_a_short_soak_sizes_its_runs_to_finish_within_it(tmp_path):
+    """A 6 s soak (the fault tests') with the default 60 s runs would finish none and fail
+    'no load run finished': runs last at most a third of the soak."""
+    assert soak_bench.run_length_s(60, 3000) == 60  # the reference soak: the run length as set
+    assert soak_bench.run_length_s(60, 6) == 2
+    started = []
+
+    def popen(cmd, **kwargs):
+        started.append(cmd)
+        return subprocess.Popen(["true"])
+
+    def prompts(duration_s):
+        cfg = SoakConfig(unit="u", state_dir=str(tmp_path / f"s{duration_s}"), duration_s=duration_s, venv="/x",
+                         concurrency=4, input_len=256, output_len=32, baseline={"total_token_throughput": 12000},
+                         scratch_dir=str(tmp_path / "scratch"))
+        load = soak_bench.BenchLoad(cfg, cfg.state_dir, popen=popen)
+        load.start()
+        load.close()
+        return int(started[-1][started[-1].index("--num-prompts") + 1])
+
+    # 12000 / 288 tokens a request = 41.7 requests/s: 60 s runs for a long soak, 2 s for a 6 s one
+    assert (prompts(3000), prompts(6)) == (2500, 84)
+
+
 def test_bench_command_has_the_reference_shape_and_no_key():
     cfg = SoakConfig(unit="vllm@gpu0", state_dir="/s", duration_s=60, venv="/opt/vllm-fleet/releases/r1",
                      model="/models/m", api_key="sekrit")
