@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
+import importlib.machinery
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -147,14 +148,6 @@ def gpu_facts(venv: Path) -> dict:
 
 # --------------------------------------------------------------------------- the real vLLM
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def installed_vllm(venv: Path) -> str | None:
     if not (venv / "bin" / "python").exists():
         return None
@@ -164,22 +157,12 @@ def installed_vllm(venv: Path) -> str | None:
 
 
 def fetch_vllm_wheel(wheels: Path) -> Path:
-    """The pinned wheel from the package index (``--no-deps``), refused unless its sha256 is
-    VLLM_WHEEL_SHA256; one already in ``wheels`` with that sha256 is not fetched again."""
-    wheels.mkdir(parents=True, exist_ok=True)
-    found = [w for w in sorted(wheels.glob(f"vllm-{VLLM_VERSION}-*.whl")) if sha256(w) == VLLM_WHEEL_SHA256]
-    if found:
-        return found[0]
-    proc = run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-                "--only-binary=:all:", "--dest", wheels, f"vllm=={VLLM_VERSION}"], timeout=1800)
-    if proc.returncode:
-        raise SystemExit(f"pip download vllm=={VLLM_VERSION} failed:\n{proc.stdout}\n{proc.stderr}")
-    for wheel in sorted(wheels.glob(f"vllm-{VLLM_VERSION}-*.whl")):
-        if sha256(wheel) == VLLM_WHEEL_SHA256:
-            return wheel
-        wheel.unlink()  # never installed, never kept
-        raise SystemExit(f"refusing {wheel.name}: sha256 {sha256(wheel)}, pinned {VLLM_WHEEL_SHA256}")
-    raise SystemExit(f"pip download vllm=={VLLM_VERSION} left no wheel in {wheels}")
+    """The pinned wheel, fetched and refused as scripts/vllm-contract does (one pin, one fetcher)."""
+    loader = importlib.machinery.SourceFileLoader("vllm_contract", str(CONTRACT))
+    spec = importlib.util.spec_from_loader("vllm_contract", loader)
+    contract = importlib.util.module_from_spec(spec)
+    loader.exec_module(contract)
+    return contract.fetch_wheel(wheels, sys.executable)
 
 
 def real_vllm_venv(scratch: Path) -> tuple[Path, str]:
