@@ -8,12 +8,10 @@ of every start of its Python, and the role's starts are all nobody's."""
 from __future__ import annotations
 
 import pwd
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils import identity, soak_bench
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import identity
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.cudnn import CudnnFactsError, collect_cudnn_facts
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.identity import IdentityError, as_user
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak import SoakConfig
@@ -73,23 +71,8 @@ def test_a_cudnn_probe_user_that_does_not_exist_fails_before_any_probe(as_root, 
     assert run.calls == []
 
 
-def test_the_soak_load_runs_as_the_user_and_can_write_its_results(as_root, tmp_path, monkeypatch):
-    chowned, started = [], []
-    monkeypatch.setattr(soak_bench.os, "chown", lambda path, uid, gid: chowned.append((path, uid, gid)))
-
-    def popen(cmd, **kwargs):
-        started.append(kwargs)
-        return subprocess.Popen(["true"])
-
-    cfg = SoakConfig(unit="u", state_dir=str(tmp_path / "s"), duration_s=10, venv="/x", run_as="prober",
-                     scratch_dir=str(tmp_path / "scratch"))
-    load = soak_bench.BenchLoad(cfg, cfg.state_dir, popen=popen)
-    load.start()
-    assert (started[0]["user"], started[0]["group"], started[0]["extra_groups"]) == (4242, 4343, [])
-    # The bench writes only in its own scratch directory, outside the release (never state_dir).
-    assert chowned == [(load.scratch, 4242, 4343)]
-    assert Path(cfg.state_dir) not in Path(load.scratch).parents
-    load.close()
+# The bench's switch to the probe user (and its scratch directory outside the release):
+# tests/unit/test_soak.py::test_the_bench_runs_as_the_probe_user_with_its_own_home.
 
 
 def test_a_soak_user_that_does_not_exist_is_refused_by_the_config(as_root, tmp_path):
