@@ -109,13 +109,12 @@ def server_load_problems(seen: dict) -> list[tuple[str, str]]:
                                            f"{seen['samples']} samples after the load arrived, fewer than "
                                            f"{LOAD_MIN_FRACTION:.0%}"))
     threshold = seen["concurrency_threshold"]
-    if threshold and seen["concurrent_samples"] < LOAD_MIN_FRACTION * max(1, seen["busy_samples"]):
+    if threshold and seen["peak_running"] < threshold:
         problems.append(("concurrency_not_reached",
-                         f"vllm:num_requests_running was at least {threshold} ({CONCURRENCY_FRACTION:.0%} of the "
-                         f"concurrency {seen['concurrency']}) in {seen['concurrent_samples']} of the "
-                         f"{seen['busy_samples']} samples with requests running, fewer than {LOAD_MIN_FRACTION:.0%} "
-                         f"(peak {seen['peak_running']:g}): the server's max-num-seqs or KV cache may be below the "
-                         "load"))
+                         f"vllm:num_requests_running never reached {threshold} ({CONCURRENCY_FRACTION:.0%} of the "
+                         f"concurrency {seen['concurrency']}; peak {seen['peak_running']:g} over "
+                         f"{seen['busy_samples']} samples with requests running): the server's max-num-seqs or KV "
+                         "cache may be below the load"))
     return problems
 
 

@@ -34,11 +34,14 @@ MIN_LOAD_S = 5.0
 # * tokens generated (vllm:generation_tokens_total rose since the sample before) in at least
 #   LOAD_MIN_FRACTION of them. Half, not all: between two load runs the bench starts again
 #   (about 9 s for the real one) and the last requests of a run drain;
-# * the configured concurrency running: vllm:num_requests_running at least
-#   CONCURRENCY_FRACTION of it (rounded up) in at least LOAD_MIN_FRACTION of the samples in
-#   which the server ran any request. 75%, not 100%: a sample can fall between one request
-#   finishing and the next one scheduled, and a long prompt waits for its first chunk of
-#   prefill before it counts as running.
+# * the configured concurrency running: vllm:num_requests_running reached at least
+#   CONCURRENCY_FRACTION of it (rounded up). 75%, not 100%: a sample can fall between one
+#   request finishing and the next one scheduled, and a long prompt waits for its first chunk of
+#   prefill before it counts as running. The peak, not a share of the samples: each run's start
+#   (the bench's process, about 9 s for the real one) and drain fall between samples at low
+#   concurrency, and in a short soak (runs of a few seconds) they are most of them; a server
+#   whose max-num-seqs or KV cache is below the load never reaches it. How many samples were at
+#   it is reported beside the peak.
 LOAD_MIN_FRACTION = 0.5
 CONCURRENCY_FRACTION = 0.75
 

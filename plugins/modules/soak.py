@@ -35,8 +35,7 @@ description:
   - "Load not delivered: the soak proves its load from both sides. The load runs must complete
     requests, and the server's own counters must show it, over the samples from the first that saw
     load to the end: tokens generated (C(vllm:generation_tokens_total) rising) in at least half of
-    them, and C(vllm:num_requests_running) at least 75% of O(concurrency) (rounded up) in at least
-    half of those with requests running. Otherwise the soak fails with 'Load not delivered: ...',
+    them, and C(vllm:num_requests_running) reaching 75% of O(concurrency) (rounded up). Otherwise the soak fails with 'Load not delivered: ...',
     naming the cause read from the bench's output: C(no_tokenizer) (missing, or not readable by
     O(run_as)), C(unauthorized) (a wrong O(api_key)), C(wrong_model) (a name the server does not
     serve), C(could_not_connect), C(unknown) (the log's last lines quoted); or the server side:

@@ -211,7 +211,7 @@ def test_a_stable_release_passes_with_progress_and_statistics(soak_node, record_
     assert verdict["bench_tokens_per_s"] > 0 and verdict["throughput"]["gate_used"] == "bench_totals"
     assert load["proof"]["delivered"] is True and load["proof"]["failed_runs"] == [], load["proof"]
     server = load["proof"]["server"]
-    assert server["concurrent_samples"] >= server["busy_samples"] / 2 and server["peak_running"] >= 3, server
+    assert server["concurrent_samples"] > 0 and server["peak_running"] >= 3, server
     assert server["generating_samples"] >= server["samples"] / 2, server
     print(f"\nload: {load['runs']} runs, {load['aggregate']['completed']} requests; server: {server}")
     # Nothing under the release is the bench's, and its scratch directory is gone.

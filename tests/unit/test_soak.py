@@ -1151,9 +1151,8 @@ def test_the_servers_counters_must_show_the_load(tmp_path):
     low = judge(loaded_monitor(concurrency=32, running=23))
     assert low["load"]["proof"]["cause"] == "concurrency_not_reached"
     assert low["reasons"] == [
-        "Load not delivered: vllm:num_requests_running was at least 24 (75% of the concurrency 32) in 0 of the 61 "
-        "samples with requests running, fewer than 50% (peak 23): the server's max-num-seqs or KV cache may be "
-        "below the load."]
+        "Load not delivered: vllm:num_requests_running never reached 24 (75% of the concurrency 32; peak 23 over 61 "
+        "samples with requests running): the server's max-num-seqs or KV cache may be below the load."]
     # Tokens generated in fewer than half of the samples after the load arrived (every third here).
     sparse = Monitor(MonitorConfig(wedge_window_s=1000, concurrency=4))
     feed(sparse, [healthy(t, gen=(t // 6) * 100) for t in range(0, 121, 2)])
