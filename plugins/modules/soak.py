@@ -112,7 +112,7 @@ options:
     description:
       - Prompts per load run. Omitted, each run is sized from the last run's request rate
         (else the baseline's) to last about O(run_s), at most a third of O(duration_s) (so that
-        runs finish within the soak: a soak proves its load by finished runs), and never fewer
+        runs finish within the soak, as a soak proves its load by finished runs), and never fewer
         than 2 x O(concurrency).
     type: int
   run_s:
