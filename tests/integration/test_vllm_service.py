@@ -410,6 +410,9 @@ def test_a_rotation_window_puts_the_keys_in_the_config_and_none_in_the_journal(s
     (logging.json) drops that line and keeps the others. (tests/integration/test_rotation.py does
     the same across a rollout; tests/unit/test_serve_config.py has the negative control.)"""
     since = served.sh("date +%s")
+    # The tests before this one restarted the instances often: re-arm systemd's start limit
+    # (StartLimitBurst), or this restart ends in start-limit-hit, not in the window.
+    served.sh("systemctl reset-failed 'vllm@*'")
     try:
         run = served.play("service.yml", vllm_fleet_service_api_key_retiring=[RETIRING])
         assert run.rc == 0, run.output[-5000:]
