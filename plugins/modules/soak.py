@@ -399,6 +399,7 @@ from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_bench import
     DEFAULT_SCRATCH_DIR,
     bench_command,
     next_num_prompts,
+    run_length_s,
 )
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_monitor import DEFAULT_JOURNAL_PATTERNS
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.soak_stats import SoakConfigError
@@ -449,7 +450,8 @@ def main():
     if module.check_mode:
         scratch = f"{cfg.scratch_dir}/{os.path.basename(os.path.normpath(cfg.state_dir))}-XXXXXXXX"
         n = cfg.num_prompts or next_num_prompts(concurrency=cfg.concurrency, input_len=cfg.input_len,
-                                                output_len=cfg.output_len, run_s=cfg.run_s, baseline=cfg.baseline)
+                                                output_len=cfg.output_len,
+                                                run_s=run_length_s(cfg.run_s, cfg.duration_s), baseline=cfg.baseline)
         plan = {
             "unit": cfg.unit,
             "base_url": cfg.base_url,
